@@ -1,0 +1,343 @@
+"""SSH transport: one paramiko connection per process, shared by every call through channels.
+
+Guarantees:
+
+* At most one login per (process, target): every :meth:`SSHTransport.run` opens a *channel*
+  on the shared connection. Sites ban accounts for connection storms, so concurrent callers
+  beyond ``max_channels`` wait for a free channel instead of logging in again.
+* Host keys are verified against a known_hosts file unless the configuration explicitly
+  relaxes it (``host_key_checking="accept-new"`` or ``"off"``); a mismatch is always refused.
+* Every call is bounded by a timeout; a dropped connection is re-established a bounded
+  number of times *before* a command starts. A connection lost while a command runs raises
+  :class:`~dagster_slurm.errors.TransportError`: the command may or may not have run, and
+  only the caller knows whether retrying is safe (submissions carry tokens for that).
+* Secrets (password, key passphrase) are never logged or included in error messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import paramiko
+
+from dagster_slurm.errors import CommandTimeout, HostKeyError, TransportError
+from dagster_slurm.transport.base import CommandResult, TransportStats, render_command
+
+log = logging.getLogger("dagster_slurm.ssh")
+
+HostKeyChecking = Literal["strict", "accept-new", "off"]
+_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and how to log in. ``password``/``key_path`` None means "not used"."""
+
+    host: str
+    port: int
+    user: str
+    key_path: str | None = None
+    password: str | None = field(default=None, repr=False)
+    known_hosts_path: str | None = None
+    host_key_checking: HostKeyChecking = "strict"
+    allow_agent: bool = True
+    jump: SSHTarget | None = None
+
+    @property
+    def label(self) -> str:
+        """``user@host:port`` (through ``jump`` when set), for messages; no secrets."""
+        via = f" via {self.jump.label}" if self.jump else ""
+        return f"{self.user}@{self.host}:{self.port}{via}"
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """Timeouts and limits of a transport (seconds unless stated)."""
+
+    connect_timeout: float = 15.0
+    command_timeout: float = 300.0
+    keepalive_interval: int = 30
+    max_channels: int = 8
+    reconnect_attempts: int = 3
+    reconnect_backoff: float = 1.0
+
+
+def _known_hosts_file(target: SSHTarget) -> str:
+    return os.path.expanduser(target.known_hosts_path or "~/.ssh/known_hosts")
+
+
+def _make_client(target: SSHTarget) -> paramiko.SSHClient:
+    client = paramiko.SSHClient()
+    if target.host_key_checking == "off":
+        log.warning(
+            "host key checking is OFF for %s: the server's identity is not verified", target.label
+        )
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+        return client
+    path = _known_hosts_file(target)
+    if os.path.exists(path):
+        client.load_host_keys(path)
+    elif target.host_key_checking == "strict":
+        raise HostKeyError(
+            f"known_hosts file {path} does not exist; cannot verify {target.label}. "
+            "Create it (e.g. ssh-keyscan) or set known_hosts_path."
+        )
+    if target.host_key_checking == "accept-new":
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    else:
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    return client
+
+
+def _connect(target: SSHTarget, options: SSHOptions) -> tuple[paramiko.SSHClient, list]:
+    """Log in to ``target`` (through its jump host); returns the client and what to close."""
+    sock = None
+    to_close: list = []
+    if target.jump is not None:
+        jump_client, jump_close = _connect(target.jump, options)
+        to_close.extend(jump_close)
+        jump_transport = jump_client.get_transport()
+        assert jump_transport is not None
+        sock = jump_transport.open_channel(
+            "direct-tcpip", (target.host, target.port), ("127.0.0.1", 0)
+        )
+    client = _make_client(target)
+    try:
+        client.connect(
+            target.host,
+            port=target.port,
+            username=target.user,
+            key_filename=os.path.expanduser(target.key_path) if target.key_path else None,
+            password=target.password,
+            look_for_keys=False,
+            allow_agent=target.allow_agent and not target.password,
+            timeout=options.connect_timeout,
+            banner_timeout=options.connect_timeout,
+            auth_timeout=options.connect_timeout,
+            sock=sock,
+        )
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise HostKeyError(
+            f"host key of {target.label} does not match the entry in "
+            f"{_known_hosts_file(target)} (got {exc.key.get_name()} "
+            f"{exc.key.get_fingerprint().hex()}). Refusing to connect. If the server's key "
+            f"changed legitimately, remove the old entry (ssh-keygen -R '[{target.host}]:"
+            f"{target.port}')."
+        ) from None
+    except paramiko.SSHException as exc:
+        client.close()
+        if "not found in known_hosts" in str(exc):
+            raise HostKeyError(
+                f"{target.label} is not in {_known_hosts_file(target)}; refusing an unknown "
+                "host key. Add it to known_hosts, or set host_key_checking='accept-new'."
+            ) from None
+        raise TransportError(f"SSH login to {target.label} failed: {exc}") from None
+    except (OSError, EOFError) as exc:
+        client.close()
+        raise TransportError(f"cannot reach {target.label}: {exc}") from None
+    transport = client.get_transport()
+    assert transport is not None
+    transport.set_keepalive(options.keepalive_interval)
+    to_close.append(client)
+    return client, to_close
+
+
+class SSHTransport:
+    """Runs commands over one shared SSH connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        target: SSHTarget,
+        options: SSHOptions | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.target = target
+        self.options = options or SSHOptions()
+        self.stats = TransportStats()
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._channels = threading.BoundedSemaphore(self.options.max_channels)
+        self._client: paramiko.SSHClient | None = None
+        self._to_close: list = []
+
+    # -- connection management -------------------------------------------------------------
+    def _live_transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._client is not None:
+                transport = self._client.get_transport()
+                if transport is not None and transport.is_active():
+                    return transport
+                log.warning("SSH connection to %s was lost; reconnecting", self.target.label)
+                self._close_locked()
+            last: Exception | None = None
+            for attempt in range(1, self.options.reconnect_attempts + 1):
+                try:
+                    self._client, self._to_close = _connect(self.target, self.options)
+                    self.stats.connects += 1
+                    transport = self._client.get_transport()
+                    assert transport is not None
+                    return transport
+                except HostKeyError:
+                    raise
+                except TransportError as exc:
+                    last = exc
+                    if attempt < self.options.reconnect_attempts:
+                        delay = self.options.reconnect_backoff * 2 ** (attempt - 1)
+                        log.warning(
+                            "%s (attempt %d/%d); retrying in %.1f s",
+                            exc, attempt, self.options.reconnect_attempts, delay,
+                        )
+                        self._sleep(delay)
+            raise TransportError(
+                f"could not connect to {self.target.label} after "
+                f"{self.options.reconnect_attempts} attempts: {last}"
+            )
+
+    def _close_locked(self) -> None:
+        for item in reversed(self._to_close):
+            try:
+                item.close()
+            except Exception:  # noqa: BLE001 - closing a dead connection may fail in many ways
+                log.debug("ignoring error while closing an SSH connection", exc_info=True)
+        self._to_close = []
+        self._client = None
+
+    def close(self) -> None:
+        """Close the connection; a later :meth:`run` reconnects."""
+        with self._lock:
+            self._close_locked()
+
+    def drop_connection_for_test(self) -> None:
+        """Close the underlying socket abruptly, as a network failure would."""
+        with self._lock:
+            if self._client is not None:
+                transport = self._client.get_transport()
+                if transport is not None:
+                    transport.sock.close()
+
+    # -- commands --------------------------------------------------------------------------
+    def _open_channel(self, command: str) -> paramiko.Channel:
+        for attempt in (1, 2):
+            transport = self._live_transport()
+            try:
+                channel = transport.open_session(timeout=self.options.connect_timeout)
+                channel.exec_command(command)
+                return channel
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                if attempt == 2:
+                    raise TransportError(
+                        f"could not start a command on {self.target.label}: {exc}"
+                    ) from None
+                with self._lock:
+                    self._close_locked()
+        raise AssertionError("unreachable")
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` on the remote host; see :class:`~dagster_slurm.transport.base.Transport`."""
+        command = render_command(argv, env)
+        limit = self.options.command_timeout if timeout is None else timeout
+        start = time.monotonic()
+        deadline = start + limit
+        if not self._channels.acquire(timeout=limit):
+            raise CommandTimeout(
+                f"no free SSH channel to {self.target.label} within {limit:.0f} s "
+                f"({self.options.max_channels} in use)"
+            )
+        try:
+            channel = self._open_channel(command)
+            try:
+                out, err, code = self._exchange(channel, stdin, deadline, command)
+            finally:
+                channel.close()
+        finally:
+            self._channels.release()
+        self.stats.record(argv[0], len(stdin or b""), len(out) + len(err))
+        return CommandResult(
+            command,
+            code,
+            out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"),
+            time.monotonic() - start,
+        )
+
+    def _exchange(
+        self, channel: paramiko.Channel, stdin: bytes | None, deadline: float, command: str
+    ) -> tuple[bytes, bytes, int]:
+        try:
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            out = bytearray()
+            err = bytearray()
+            while True:
+                while channel.recv_ready():
+                    out += channel.recv(_CHUNK)
+                while channel.recv_stderr_ready():
+                    err += channel.recv_stderr(_CHUNK)
+                drained = not (channel.recv_ready() or channel.recv_stderr_ready())
+                if drained and (channel.eof_received or channel.closed):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CommandTimeout(
+                        f"{command[:200]!r} on {self.target.label} did not finish in time"
+                    )
+                select.select([channel], [], [], min(remaining, 1.0))
+            if not channel.status_event.wait(max(deadline - time.monotonic(), 0.0)):
+                raise CommandTimeout(
+                    f"{command[:200]!r} on {self.target.label} did not report an exit status"
+                )
+            if channel.exit_status == -1 and channel.closed:
+                raise TransportError(
+                    f"connection to {self.target.label} closed while running "
+                    f"{command[:200]!r}; it may or may not have completed"
+                )
+            return bytes(out), bytes(err), channel.exit_status
+        except (TimeoutError, paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(
+                f"connection to {self.target.label} failed while running {command[:200]!r}: "
+                f"{exc}; it may or may not have completed"
+            ) from None
+
+
+_REGISTRY: dict[tuple[int, SSHTarget, SSHOptions], SSHTransport] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def shared_transport(target: SSHTarget, options: SSHOptions | None = None) -> SSHTransport:
+    """The process-wide transport for ``target``: one connection per process and target.
+
+    Keyed by the process id too, so a forked child never reuses its parent's socket.
+    """
+    opts = options or SSHOptions()
+    key = (os.getpid(), target, opts)
+    with _REGISTRY_LOCK:
+        transport = _REGISTRY.get(key)
+        if transport is None:
+            transport = SSHTransport(target, opts)
+            _REGISTRY[key] = transport
+        return transport
+
+
+def close_shared_transports() -> None:
+    """Close every shared connection of this process (used at interpreter exit and in tests)."""
+    with _REGISTRY_LOCK:
+        items = [t for (pid, _, _), t in _REGISTRY.items() if pid == os.getpid()]
+    for transport in items:
+        transport.close()
