@@ -1,0 +1,1 @@
+"""Talking to the scheduler through the cluster-side agent: submission, status, cancellation."""

@@ -1,0 +1,186 @@
+"""Validation of user-supplied extra ``sbatch`` options.
+
+Users may pass options the library has no field for (``--dependency=afterany:123``,
+``--constraint=a100``, ``--begin=now+1hour``). Each entry is one long-form option,
+``--name`` or ``--name=value``. Rejected, with a message naming the entry:
+
+* short forms (``-t 10``) and anything that is not ``--name[=value]``;
+* whitespace, control characters, quotes and backslashes anywhere in the entry (the same
+  entries may be written as ``#SBATCH`` lines, where sbatch would interpret them);
+* options the library sets itself (:data:`MANAGED_SBATCH_OPTIONS`; the message names the
+  field to use instead) and options that would break submission
+  (:data:`FORBIDDEN_SBATCH_OPTIONS`, e.g. ``--wait``);
+* abbreviations of those options (sbatch accepts ``--part=x`` for ``--partition=x``);
+* the same option twice (``--begin=a`` and ``--begin``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from dagster_slurm.errors import ConfigurationError
+
+_FIELD = "is managed by the library; use the first-class field {}"
+_SET_BY_LIBRARY = "is set by the library for every submission"
+
+#: Options the library sets from first-class fields, with what to use instead.
+MANAGED_OPTION_ADVICE: dict[str, str] = {
+    "job-name": _SET_BY_LIBRARY + " (pass job_name when building the submission)",
+    "output": _SET_BY_LIBRARY + " (the log location belongs to the run)",
+    "error": _SET_BY_LIBRARY + " (the log location belongs to the run)",
+    "chdir": _SET_BY_LIBRARY + " (the working directory belongs to the run)",
+    "parsable": _SET_BY_LIBRARY + " (the job id is read from its output)",
+    "wrap": "is not allowed: the library submits its own batch script",
+    "test-only": "is not allowed: start-time estimates have their own call",
+    "comment": _SET_BY_LIBRARY + " (it carries the submission token)",
+    "partition": _FIELD.format("partition"),
+    "qos": _FIELD.format("qos"),
+    "account": _FIELD.format("account"),
+    "reservation": _FIELD.format("reservation"),
+    "time": _FIELD.format("time_limit"),
+    "time-min": _FIELD.format("time_min"),
+    "nodes": _FIELD.format("num_nodes"),
+    "ntasks": _SET_BY_LIBRARY + " (the launcher decides the task layout)",
+    "ntasks-per-node": _SET_BY_LIBRARY + " (the launcher decides the task layout)",
+    "cpus-per-task": _FIELD.format("cpus"),
+    "mem": _FIELD.format("mem"),
+    "mem-per-cpu": _FIELD.format("mem_per_cpu"),
+    "gres": _FIELD.format("gpus_per_node"),
+    "gpus": _FIELD.format("gpus_per_node"),
+    "gpus-per-node": _FIELD.format("gpus_per_node"),
+    "signal": _FIELD.format("signal_before_timeout"),
+    "nodelist": _FIELD.format("nodelist"),
+    "exclusive": _FIELD.format("exclusive"),
+    "export": _SET_BY_LIBRARY + " (the environment is prepared by the launcher)",
+    "array": "is not supported: each submission is one job",
+    "hold": _SET_BY_LIBRARY + " (held submissions are requested explicitly)",
+}
+
+MANAGED_SBATCH_OPTIONS: frozenset[str] = frozenset(MANAGED_OPTION_ADVICE)
+"""Long option names (without ``--``) that the library sets itself."""
+
+#: Options that would break submission or status tracking, with the reason.
+FORBIDDEN_OPTION_REASONS: dict[str, str] = {
+    "wait": "would block sbatch until the job ends",
+    "help": "would print help instead of submitting",
+    "usage": "would print usage instead of submitting",
+    "version": "would print the version instead of submitting",
+    "clusters": "would submit to another cluster, where status queries do not look",
+}
+
+FORBIDDEN_SBATCH_OPTIONS: frozenset[str] = frozenset(FORBIDDEN_OPTION_REASONS)
+"""Long option names (without ``--``) that are never accepted as extra directives."""
+
+#: sbatch's short options that map to a managed or forbidden long option.
+SHORT_OPTION_NAMES: dict[str, str] = {
+    "A": "account",
+    "a": "array",
+    "c": "cpus-per-task",
+    "D": "chdir",
+    "e": "error",
+    "G": "gpus",
+    "H": "hold",
+    "h": "help",
+    "J": "job-name",
+    "M": "clusters",
+    "N": "nodes",
+    "n": "ntasks",
+    "o": "output",
+    "p": "partition",
+    "q": "qos",
+    "t": "time",
+    "V": "version",
+    "W": "wait",
+    "w": "nodelist",
+}
+
+_ENTRY = re.compile(r"--(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?", re.DOTALL)
+_LOOSE_NAME = re.compile(r"--([A-Za-z0-9-]+)")
+_RESERVED = MANAGED_SBATCH_OPTIONS | FORBIDDEN_SBATCH_OPTIONS
+_UNSAFE = frozenset("'\"\\`")
+
+
+def option_name(entry: str) -> str | None:
+    """The option name of a ``--name[=value]`` entry, None when it has another shape."""
+    match = _ENTRY.fullmatch(entry)
+    return match.group("name") if match is not None else None
+
+
+def _reserved_problem(name: str) -> str | None:
+    if name in MANAGED_OPTION_ADVICE:
+        return f"--{name} {MANAGED_OPTION_ADVICE[name]}"
+    if name in FORBIDDEN_OPTION_REASONS:
+        return f"--{name} is not allowed: it {FORBIDDEN_OPTION_REASONS[name]}"
+    return None
+
+
+def _short_form_problem(entry: str) -> str:
+    letter = entry[1:2]
+    long_name = SHORT_OPTION_NAMES.get(letter)
+    text = "only long-form options are accepted, one per entry, e.g. '--constraint=a100'"
+    if long_name is None:
+        return text
+    reserved = _reserved_problem(long_name)
+    return f"-{letter} is --{long_name}; {reserved}" if reserved else text
+
+
+def _entry_problem(entry: str) -> tuple[str, str | None]:
+    """``(option name, problem)`` for one entry; the problem is None when it is acceptable."""
+    if entry.startswith("-") and not entry.startswith("--"):
+        return "", _short_form_problem(entry)
+    loose = _LOOSE_NAME.match(entry)
+    reserved = _reserved_problem(loose.group(1).lower()) if loose is not None else None
+    if reserved is not None:
+        return "", reserved
+    if any(char.isspace() or ord(char) < 32 or ord(char) == 127 for char in entry):
+        return "", "must not contain whitespace or control characters; one option per entry"
+    if any(char in _UNSAFE for char in entry):
+        return "", "must not contain quotes or backslashes; write the value unquoted"
+    match = _ENTRY.fullmatch(entry)
+    if match is None:
+        return "", (
+            "must be one long-form option '--name' or '--name=value' with a lower-case name, "
+            "e.g. '--dependency=afterany:123'"
+        )
+    name, value = match.group("name"), match.group("value")
+    if value == "":
+        return name, "has an empty value after '='; drop the '=' or give a value"
+    for full in sorted(_RESERVED):
+        if full.startswith(name):
+            return name, (
+                f"looks like an abbreviation of --{full}, which sbatch would accept; "
+                f"{_reserved_problem(full)}"
+            )
+    return name, None
+
+
+def validate_extra_sbatch_directives(
+    entries: Iterable[str] | None, *, field: str = "extra_sbatch_directives"
+) -> tuple[str, ...]:
+    """Check extra sbatch options and return them as a tuple, in the given order.
+
+    None is read as no entries. Raises :class:`~dagster_slurm.errors.ConfigurationError`
+    whose field is ``<field>[<index>]`` and whose value is the offending entry; the message
+    says what to use instead.
+    """
+    if entries is None:
+        return ()
+    if isinstance(entries, (str, bytes)):
+        raise ConfigurationError(field, entries, "must be a list of options, not one string")
+    checked: list[str] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        where = f"{field}[{index}]"
+        if not isinstance(entry, str):
+            raise ConfigurationError(where, entry, "must be a string such as '--constraint=a100'")
+        name, problem = _entry_problem(entry)
+        if problem is not None:
+            raise ConfigurationError(where, entry, problem)
+        if name in seen:
+            raise ConfigurationError(
+                where, entry, f"repeats --{name} from {field}[{seen[name]}]; give each option once"
+            )
+        seen[name] = index
+        checked.append(entry)
+    return tuple(checked)

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+
+from dagster_slurm.scheduler.pacing import PollBackoff, RateLimiter
+
+
+def test_backoff_grows_while_quiet_and_resets_on_change():
+    b = PollBackoff(initial=1, maximum=4, factor=2)
+    assert [b.observe(False) for _ in range(4)] == [2, 4, 4, 4]
+    assert b.observe(True) == 1
+
+
+def test_backoff_cap_never_raises_the_ceiling():
+    b = PollBackoff(initial=1, maximum=10, factor=2)
+    b.cap(30)
+    assert b.maximum == 10
+    b.cap(3)
+    assert [b.observe(False) for _ in range(3)] == [2, 3, 3]
+
+
+@pytest.mark.parametrize("kwargs", [{"initial": 0}, {"initial": 5, "maximum": 1}, {"factor": 0.5}])
+def test_backoff_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        PollBackoff(**kwargs)
+
+
+def test_rate_limiter_spaces_events():
+    now = [100.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    limiter = RateLimiter(0.5, clock=lambda: now[0], sleep=sleep)
+    waits = [limiter.acquire() for _ in range(3)]
+    assert waits == [0, 0.5, 0.5]
+    now[0] += 10
+    assert limiter.acquire() == 0
