@@ -40,7 +40,10 @@ def test_runs_argv_literally_and_returns_streams(transport, tmp_path):
 
 def test_large_stdin_and_stdout_round_trip(transport):
     payload = bytes(range(256)) * 8192  # 2 MiB, every byte value
-    result = transport.run(["sh", "-c", "cat | sha256sum | cut -c1-64; head -c 3000000 /dev/zero | tr '\\0' x"], stdin=payload)
+    result = transport.run(
+        ["sh", "-c", "cat | sha256sum | cut -c1-64; head -c 3000000 /dev/zero | tr '\\0' x"],
+        stdin=payload,
+    )
     import hashlib
 
     digest, body = result.stdout[:64], result.stdout[65:]

@@ -1,0 +1,324 @@
+"""Orchestration of the development cluster: ``up``, ``down``, ``status``, ``info``.
+
+``up`` is idempotent: it installs only missing packages, rewrites only changed files,
+reuses daemons that still run with an unchanged configuration, restarts those whose
+configuration changed and starts the missing ones, each followed by a bounded
+readiness wait. ``down`` stops exactly the processes recorded by ``up`` (or, when the
+records were lost, the ones named by the daemons' own pid files in the state directory
+whose command name still matches).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from dagster_slurm.devcluster import database, sshd
+from dagster_slurm.devcluster.config import gpu_device_paths, render_all, write_if_changed
+from dagster_slurm.devcluster.daemons import (
+    DAEMON_COMMS,
+    DaemonSpec,
+    build_specs,
+    daemon_names,
+)
+from dagster_slurm.devcluster.errors import (
+    DaemonStartError,
+    DevClusterError,
+    NotRootError,
+    PortInUseError,
+)
+from dagster_slurm.devcluster.info import ClusterStatus, DaemonStatus, DevClusterInfo
+from dagster_slurm.devcluster.install import REQUIRED_PACKAGES, ensure_packages, install_hint
+from dagster_slurm.devcluster.layout import (
+    NODES,
+    Settings,
+    record_settings,
+    resolve_settings,
+)
+from dagster_slurm.devcluster.probes import ClusterProbes
+from dagster_slurm.devcluster.processes import (
+    PidRecord,
+    RecordStore,
+    daemon_env,
+    is_alive,
+    launch,
+    port_open,
+    record_from_pid_file,
+    run,
+    stop,
+    tail,
+    wait_for,
+)
+
+Progress = Callable[[str], None]
+_GPU_MAJOR = 195  # major number of NVIDIA character devices
+
+
+class DevCluster:
+    """A Slurm cluster of real daemons on this machine, managed as plain processes.
+
+    ``state_dir``, ``ssh_port``, ``user`` and ``ssh_listen`` default to the environment
+    variables of :mod:`dagster_slurm.devcluster.layout`, then to what the last ``up``
+    recorded, then to ``/tmp/dslurm``, 2222, ``dslurm`` and 127.0.0.1. ``progress``
+    receives one line per step.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str] | None = None,
+        ssh_port: int | None = None,
+        user: str | None = None,
+        ssh_listen: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.settings: Settings = resolve_settings(state_dir, ssh_port, user, ssh_listen)
+        self.paths = self.settings.paths
+        self.probes = ClusterProbes(self.settings)
+        self.store = RecordStore(self.paths.records, self.paths.lock)
+        self._progress: Progress = progress or (lambda _line: None)
+        self._notes: list[str] = []
+
+    # -- queries -------------------------------------------------------------------
+
+    def info(self) -> DevClusterInfo:
+        """Connection details (pure: does not check that anything runs)."""
+        return DevClusterInfo.from_settings(self.settings)
+
+    def status(self) -> ClusterStatus:
+        """Which recorded daemons run, plus an sinfo summary when slurmctld runs."""
+        records = self.store.load()
+        daemons = []
+        for name in daemon_names():
+            live = self._live_record(name, records)
+            recorded = records.get(name)
+            pid = live.pid if live else (recorded.pid if recorded else None)
+            daemons.append(DaemonStatus(name, pid, live is not None))
+        ctld = next(d for d in daemons if d.name == "slurmctld")
+        summary = self.probes.sinfo_summary() if ctld.alive else ""
+        return ClusterStatus(tuple(daemons), summary)
+
+    # -- up ------------------------------------------------------------------------
+
+    def up(self) -> DevClusterInfo:
+        """Install, configure and start whatever is missing; return connection details.
+
+        Raises :class:`NotRootError` when not run as root, :class:`InstallError` when
+        packages cannot be installed, and :class:`DaemonStartError` (with the tail of the
+        daemon's logs) when a daemon does not start or does not become ready.
+        """
+        require_root()
+        started = time.monotonic()
+        with self._step("packages"):
+            installed = ensure_packages(self._progress)
+            self._note("installed " + " ".join(installed) if installed else "all present")
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        with self.store.locked():
+            with self._step("configuration"):
+                self._note(self._prepare())
+            for spec in build_specs(self.settings, self.probes):
+                with self._step(spec.name):
+                    self._note(self._ensure(spec))
+        self._progress(f"cluster up in {time.monotonic() - started:.2f} s")
+        return self.info()
+
+    def _prepare(self) -> str:
+        """Directories, keys, database password, config files, fake GPUs, submitter user."""
+        paths = self.paths
+        for directory, mode in (
+            (paths.root, 0o755),
+            (paths.etc, 0o755),
+            (paths.run, 0o755),
+            (paths.log, 0o755),
+            (paths.secrets, 0o700),
+            (paths.spool, 0o755),
+            (paths.ctld_state, 0o700),
+            (paths.devices, 0o755),
+            (paths.mariadb_data, 0o700),
+            *((paths.spool / n.name, 0o755) for n in NODES),
+        ):
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, mode)
+        env = daemon_env()
+        if not paths.munge_key.exists():
+            _run_checked(["mungekey", "--create", f"--keyfile={paths.munge_key}"], env)
+        os.chmod(paths.munge_key, 0o600)
+        password = database.ensure_password(paths)
+        changed = [
+            f.path.name
+            for f in render_all(self.settings, password)
+            if write_if_changed(f.path, f.text, f.mode)
+        ]
+        _ensure_gpu_devices(gpu_device_paths(self.settings))
+        sshd.ensure_keys(self.settings)
+        entry = sshd.ensure_user(self.settings, self._progress)
+        sshd.ensure_user_files(self.settings, entry)
+        sshd.ensure_privsep_dir()
+        record_settings(self.settings)
+        return "rewrote " + ", ".join(changed) if changed else "unchanged"
+
+    def _ensure(self, spec: DaemonSpec) -> str:
+        """Reuse, restart or start one daemon; return what was done."""
+        digest = spec.digest()
+        rec = self._live_record(spec.name, self.store.load())
+        action = "started"
+        if rec is not None:
+            if rec.digest == digest and wait_for(spec.ready, min(spec.ready_timeout, 10.0)):
+                self.store.put(rec)
+                return f"running, pid {rec.pid}"
+            action = (
+                "restarted (configuration changed)"
+                if rec.digest != digest
+                else "restarted (not ready)"
+            )
+            stop(rec)
+        self.store.remove(spec.name)
+        rec = self._start(spec, digest)
+        return f"{action}, pid {rec.pid}"
+
+    def _start(self, spec: DaemonSpec, digest: str) -> PidRecord:
+        for address, port in spec.ports:
+            if port_open(address, port):
+                raise PortInUseError(
+                    f"{spec.name}: port {port} on {address} is used by a process this cluster did "
+                    "not start; stop it or choose another state directory/port"
+                )
+        if spec.before_launch is not None:
+            spec.before_launch()
+        spec.pid_file.unlink(missing_ok=True)
+        code = launch(spec.argv, daemon_env(spec.env), self.paths.output_file(spec.name))
+        if code != 0:
+            raise self._failure(spec, f"launch exited with code {code}")
+        found: list[PidRecord] = []
+
+        def pid_written() -> bool:
+            rec = record_from_pid_file(spec.name, spec.pid_file, spec.comm, digest)
+            if rec is not None:
+                found.append(rec)
+            return rec is not None
+
+        if not wait_for(pid_written, 15.0):
+            raise self._failure(spec, f"no running {spec.comm} found via {spec.pid_file}")
+        rec = found[-1]
+        self.store.put(rec)
+        if not wait_for(lambda: spec.ready() or not is_alive(rec), spec.ready_timeout):
+            late = f" ({spec.describe()})" if spec.describe else ""
+            raise self._failure(spec, f"not ready after {spec.ready_timeout:.0f} s{late}")
+        if not is_alive(rec):
+            raise self._failure(spec, "exited right after starting")
+        if spec.after_ready is not None:
+            spec.after_ready()
+        return rec
+
+    def _live_record(self, name: str, records: Mapping[str, PidRecord]) -> PidRecord | None:
+        """The running process of daemon ``name``: from its record, else from its pid file.
+
+        A process found only through its pid file (e.g. after the records were lost) gets
+        the digest ``adopted``, so ``up`` restarts it with a known configuration.
+        """
+        rec = records.get(name)
+        if rec is not None and is_alive(rec):
+            return rec
+        pid_file = self.paths.pid_file(name)
+        return record_from_pid_file(name, pid_file, DAEMON_COMMS[name], digest="adopted")
+
+    def _failure(self, spec: DaemonSpec, problem: str) -> DaemonStartError:
+        parts = []
+        for log in spec.logs:
+            text = tail(log)
+            if text:
+                parts.append(f"--- last lines of {log}:\n{text}")
+        return DaemonStartError(spec.name, problem, "\n".join(parts))
+
+    # -- down ------------------------------------------------------------------------
+
+    def down(self, purge: bool = False) -> list[str]:
+        """Cancel all jobs, stop the daemons ``up`` recorded; return the names stopped.
+
+        With ``purge`` the whole state directory is removed afterwards.
+        """
+        require_root()
+        stopped: list[str] = []
+        if self.paths.root.exists():
+            with self.store.locked():
+                stopped = self._stop_all()
+        if purge and self.paths.root.exists():
+            with self._step("purge"):
+                shutil.rmtree(self.paths.root)
+                self._note(f"removed {self.paths.root}")
+        return stopped
+
+    def _stop_all(self) -> list[str]:
+        recorded = self.store.load()
+        live = {name: self._live_record(name, recorded) for name in daemon_names()}
+        if live["slurmctld"] is not None:
+            with self._step("jobs"):
+                cancelled = self.probes.cancel_all()
+                drained = wait_for(lambda: not self.probes.job_ids(), 15.0)
+                self._note(
+                    f"cancelled {len(cancelled)}" + ("" if drained else ", some still listed")
+                )
+        stopped = []
+        for name in reversed(daemon_names()):
+            rec = live[name]
+            if rec is None:
+                if name in recorded:
+                    self._progress(f"  {name:<14} {0:6.2f} s  was not running")
+                    self.store.remove(name)
+                continue
+            with self._step(name):
+                gone = stop(rec, timeout=20.0 if name == "mariadb" else 10.0)
+                self._note(f"stopped pid {rec.pid}" if gone else f"pid {rec.pid} did not exit")
+            stopped.append(name)
+            self.store.remove(name)
+        return stopped
+
+    # -- progress ----------------------------------------------------------------------
+
+    @contextmanager
+    def _step(self, name: str) -> Iterator[None]:
+        self._notes = []
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - began
+            note = "; ".join(self._notes) or "failed"
+            self._progress(f"  {name:<14} {took:6.2f} s  {note}")
+
+    def _note(self, text: str) -> None:
+        self._notes.append(text)
+
+
+def require_root() -> None:
+    """Raise :class:`NotRootError` with install instructions unless running as root."""
+    if os.geteuid() != 0:
+        raise NotRootError(
+            "the development cluster must be started and stopped as root (it installs packages, "
+            "creates a user and starts daemons). Run it as root, e.g. in a container or VM; "
+            f"it needs these Debian packages: {' '.join(REQUIRED_PACKAGES)} "
+            f"(install with: {install_hint()})"
+        )
+
+
+def _run_checked(argv: list[str], env: dict[str, str]) -> None:
+    proc = run(argv, env)
+    if proc.returncode != 0:
+        raise DevClusterError(f"{' '.join(argv)} failed: {proc.stderr.strip()}")
+
+
+def _ensure_gpu_devices(devices: list[Path]) -> None:
+    """Create character devices (major 195, minor N) that stand in for GPUs N."""
+    for minor, path in enumerate(devices):
+        try:
+            if stat.S_ISCHR(path.lstat().st_mode):
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(_GPU_MAJOR, minor))
+        os.chmod(path, 0o666)

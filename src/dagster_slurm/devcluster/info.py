@@ -1,0 +1,107 @@
+"""What a client needs to reach the development cluster, and what ``status`` reports."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster_slurm.devcluster.layout import (
+    CPU_PARTITION,
+    GPU_PARTITION,
+    PARTITIONS,
+    Settings,
+)
+
+
+@dataclass(frozen=True)
+class DevClusterInfo:
+    """Connection details of the development cluster.
+
+    ``host``/``port`` is the login node's sshd, ``user`` the non-root submitter,
+    ``key_path`` its private key (no passphrase), ``known_hosts_path`` a known_hosts file
+    holding the login node's host key, ``deployment_base_path`` a directory on the
+    cluster owned by ``user``, ``slurm_conf`` the configuration for running Slurm
+    commands locally, ``partition``/``gpu_partition`` the default CPU partition and the
+    partition with (fake) GPUs, ``partitions`` all partitions, ``state_dir`` the
+    directory holding all of the cluster's files.
+    """
+
+    host: str
+    port: int
+    user: str
+    key_path: Path
+    known_hosts_path: Path
+    deployment_base_path: Path
+    slurm_conf: Path
+    partition: str
+    gpu_partition: str
+    partitions: tuple[str, ...]
+    state_dir: Path
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DevClusterInfo:
+        paths = settings.paths
+        return cls(
+            host=settings.ssh_host,
+            port=settings.ssh_port,
+            user=settings.user,
+            key_path=paths.client_key,
+            known_hosts_path=paths.known_hosts,
+            deployment_base_path=settings.deployment_base_path,
+            slurm_conf=paths.slurm_conf,
+            partition=CPU_PARTITION,
+            gpu_partition=GPU_PARTITION,
+            partitions=PARTITIONS,
+            state_dir=settings.state_dir,
+        )
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point the library (and Slurm tools) at this cluster."""
+        return {
+            "SLURM_EDGE_NODE_HOST": self.host,
+            "SLURM_EDGE_NODE_PORT": str(self.port),
+            "SLURM_EDGE_NODE_USER": self.user,
+            "SLURM_EDGE_NODE_KEY_PATH": str(self.key_path),
+            "SLURM_EDGE_NODE_KNOWN_HOSTS": str(self.known_hosts_path),
+            "SLURM_DEPLOYMENT_BASE_PATH": str(self.deployment_base_path),
+            "SLURM_PARTITION": self.partition,
+            "SLURM_GPU_PARTITION": self.gpu_partition,
+            "SLURM_CONF": str(self.slurm_conf),
+        }
+
+    def export_lines(self) -> list[str]:
+        """``export NAME=value`` lines for a POSIX shell, values quoted."""
+        return [f"export {name}={shlex.quote(value)}" for name, value in self.env().items()]
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    """One daemon: its recorded pid (None if never started) and whether it still runs."""
+
+    name: str
+    pid: int | None
+    alive: bool
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """Every daemon's status plus the ``sinfo`` summary (empty when slurmctld is down)."""
+
+    daemons: tuple[DaemonStatus, ...]
+    sinfo: str
+
+    @property
+    def ok(self) -> bool:
+        """True when every daemon runs."""
+        return all(d.alive for d in self.daemons)
+
+    def render(self) -> str:
+        """Table of daemons followed by the sinfo summary."""
+        lines = [f"{'daemon':<12} {'pid':>8}  state"]
+        for d in self.daemons:
+            pid = str(d.pid) if d.pid is not None else "-"
+            lines.append(f"{d.name:<12} {pid:>8}  {'running' if d.alive else 'stopped'}")
+        if self.sinfo:
+            lines += ["", self.sinfo]
+        return "\n".join(lines)
