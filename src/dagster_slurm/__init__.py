@@ -1,5 +1,77 @@
-"""dagster-slurm: run Dagster assets on Slurm clusters over SSH with Dagster Pipes."""
+"""dagster-slurm: run Dagster assets on Slurm clusters over SSH with Dagster Pipes.
+
+Public names are imported lazily, so that importing the package (the pytest plugin does it
+in every test run) does not import Dagster.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "SSHConnectionResource": "dagster_slurm.resources.ssh",
+    "SlurmResource": "dagster_slurm.resources.slurm",
+    "SlurmQueueConfig": "dagster_slurm.slurm.queue",
+    "JobState": "dagster_slurm.slurm.states",
+    "SlurmScheduler": "dagster_slurm.scheduler.client",
+    "JobWatcher": "dagster_slurm.scheduler.watcher",
+    "DagsterSlurmError": "dagster_slurm.errors",
+    "ConfigurationError": "dagster_slurm.errors",
+    "TransportError": "dagster_slurm.errors",
+    "HostKeyError": "dagster_slurm.errors",
+    "CommandFailed": "dagster_slurm.errors",
+    "CommandTimeout": "dagster_slurm.errors",
+    "LockTimeout": "dagster_slurm.errors",
+    "SchedulerError": "dagster_slurm.errors",
+}
+
+__all__ = [
+    "CommandFailed",
+    "CommandTimeout",
+    "ConfigurationError",
+    "DagsterSlurmError",
+    "HostKeyError",
+    "JobState",
+    "JobWatcher",
+    "LockTimeout",
+    "SSHConnectionResource",
+    "SchedulerError",
+    "SlurmQueueConfig",
+    "SlurmResource",
+    "SlurmScheduler",
+    "TransportError",
+]
+
+if TYPE_CHECKING:
+    from dagster_slurm.errors import (
+        CommandFailed,
+        CommandTimeout,
+        ConfigurationError,
+        DagsterSlurmError,
+        HostKeyError,
+        LockTimeout,
+        SchedulerError,
+        TransportError,
+    )
+    from dagster_slurm.resources.slurm import SlurmResource
+    from dagster_slurm.resources.ssh import SSHConnectionResource
+    from dagster_slurm.scheduler.client import SlurmScheduler
+    from dagster_slurm.scheduler.watcher import JobWatcher
+    from dagster_slurm.slurm.queue import SlurmQueueConfig
+    from dagster_slurm.slurm.states import JobState
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagster_slurm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

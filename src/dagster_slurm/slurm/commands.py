@@ -218,14 +218,17 @@ _OPTION_OF_FIELD: dict[str, str] = {
 _FLAG_OF_FIELD: dict[str, str] = {"exclusive": "exclusive", "hold": "hold"}
 
 
-def sbatch_argv(spec: SbatchSpec, *, test_only: bool = False) -> list[str]:
+def sbatch_argv(
+    spec: SbatchSpec, *, test_only: bool = False, script_on_stdin: bool = False
+) -> list[str]:
     """``sbatch`` argv for ``spec``: options sorted by name, then the script path.
 
     Always adds ``--parsable`` (stdout is ``<job id>[;<cluster>]``, see
     :func:`~dagster_slurm.slurm.parsers.parse_sbatch_parsable`). With ``test_only`` adds
     ``--test-only``: Slurm then only estimates the start (on stderr, see
     :func:`~dagster_slurm.slurm.parsers.parse_test_only`) and submits nothing, although the
-    estimate consumes a job id.
+    estimate consumes a job id. With ``script_on_stdin`` the script path is left out and
+    sbatch reads the script from its standard input.
     """
     options: dict[str, str] = {"parsable": "--parsable"}
     if test_only:
@@ -239,7 +242,8 @@ def sbatch_argv(spec: SbatchSpec, *, test_only: bool = False) -> list[str]:
             options[_FLAG_OF_FIELD[spec_field.name]] = f"--{_FLAG_OF_FIELD[spec_field.name]}"
     for entry in spec.extra_directives:
         options[option_name(entry) or entry] = entry
-    return ["sbatch", *(options[name] for name in sorted(options)), spec.script_path]
+    argv = ["sbatch", *(options[name] for name in sorted(options))]
+    return argv if script_on_stdin else [*argv, spec.script_path]
 
 
 def _names_and_ids(
@@ -291,13 +295,12 @@ def sacct_argv(job_ids: Sequence[str | int]) -> list[str]:
     _, ids = _names_and_ids(None, job_ids)
     if not ids:
         raise ConfigurationError("job_ids", job_ids, "give at least one job id")
-    return [
-        "sacct",
-        "--parsable2",
-        "--noheader",
-        f"--format={','.join(SACCT_FIELDS)}",
-        f"--jobs={','.join(dict.fromkeys(ids))}",
-    ]
+    return [*sacct_base_argv(), f"--jobs={','.join(dict.fromkeys(ids))}"]
+
+
+def sacct_base_argv() -> list[str]:
+    """:func:`sacct_argv` without ``--jobs``, for callers that append the ids themselves."""
+    return ["sacct", "--parsable2", "--noheader", f"--format={','.join(SACCT_FIELDS)}"]
 
 
 def scancel_argv(

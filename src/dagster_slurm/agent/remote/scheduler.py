@@ -1,0 +1,302 @@
+"""Agent operations that talk to Slurm: ``job_status`` and the token-recorded ``submit``.
+
+Stdlib only, Python 3.8+. Parsing of scheduler output stays in the library; the agent only
+needs the job id column (first ``|``- or space-separated field of each ``squeue`` line) and
+the job id printed by ``sbatch``.
+
+``submit`` guarantees:
+
+* The submission record (``token``, ``status: "submitting"``, ``submitted_at`` from the login
+  node's clock, plus the caller's ``record_value``) is written under the state lock *before*
+  ``sbatch`` runs; the lock is not held while the scheduler works.
+* One token is submitted at most once: if a record already exists for it, ``sbatch`` is not
+  run. A record with status ``submitted`` is returned as ``recovered``; any other status gives
+  a ``SubmissionInDoubt`` error carrying the record.
+* After ``sbatch`` the record is updated under the lock to ``submitted`` (with ``job_id``),
+  ``failed`` (non-zero exit) or ``unknown`` (timeout or unparseable output). With
+  ``on_submitted`` (``{"path": "/workers/{job_id}", "value": {...}}``) the same transaction
+  also writes ``value`` plus ``job_id``, ``token`` and ``submitted_at`` at ``path`` (with
+  ``{job_id}`` filled in), so the job's own record appears atomically with its id. The
+  submission record is kept (it is what makes a retried token idempotent); pruning old
+  records is the caller's business.
+
+Non-guarantees: if the agent dies between ``sbatch`` and the second write, the record stays
+``submitting``. The job carries the token in its comment (``submit`` refuses an argv without
+the token), so the library finds it by parsing ``squeue``'s comment column (``%k``); there is
+no dedicated lookup operation. A ``failed`` sbatch may still have queued a job in rare cases
+(for example a controller timeout after accepting it); the same lookup settles it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from .common import (
+    OpContext,
+    OpError,
+    bad_request,
+    get_argv,
+    get_number,
+    get_str,
+    run_command,
+)
+from .document import locked_transaction
+from .patch import get_path, make_pointer, parse_pointer
+
+STATUS_FILE_LIMIT = 64 * 1024
+_TOKEN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_PARSABLE = re.compile(r"^(\d+)(?:;\S+)?$")
+_HUMAN = re.compile(r"Submitted batch job (\d+)")
+
+
+def parse_job_id(stdout: str) -> str | None:
+    """The job id printed by ``sbatch`` (``--parsable`` or the default sentence), or None."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        match = _PARSABLE.match(line) or _HUMAN.search(line)
+        if match:
+            return match.group(1)
+    return None
+
+
+def listed_job_ids(squeue_stdout: str, known_ids: list) -> set:
+    """The ``known_ids`` that appear as the first field of a line (array/het suffixes count)."""
+    firsts = set()
+    for line in squeue_stdout.splitlines():
+        head = line.strip().split("|", 1)[0].split()
+        if head:
+            firsts.add(head[0])
+    present = set()
+    for job_id in known_ids:
+        if job_id in firsts or any(f.startswith((job_id + "_", job_id + "+")) for f in firsts):
+            present.add(job_id)
+    return present
+
+
+def op_job_status(params: dict, ctx: OpContext) -> dict:
+    """``job_status``: one ``squeue``, status files, and one batched ``sacct`` for the rest.
+
+    Parameters: ``squeue_argv``, ``known_ids``, optional ``sacct_argv`` (``--jobs=<ids>`` is
+    appended), optional ``status_files`` ({job_id: path}), ``timeout`` per command.
+    Returns ``squeue`` (rc/stdout/stderr), ``absent_ids`` (known ids not listed by squeue;
+    None when squeue failed), ``status_files`` ({job_id: {exists, data}}), ``sacct_ids`` and
+    ``sacct`` (None when not run). sacct runs only for absent ids without a status file.
+    """
+    squeue_argv = get_argv(params, "squeue_argv")
+    known = params.get("known_ids") or []
+    if not isinstance(known, list) or not all(isinstance(i, (str, int)) for i in known):
+        raise bad_request("parameter 'known_ids' must be a list of job ids")
+    known_ids = [str(i) for i in known]
+    timeout = get_number(params, "timeout", 60.0)
+    files = params.get("status_files") or {}
+    if not isinstance(files, dict) or not all(isinstance(p, str) and p for p in files.values()):
+        raise bad_request("parameter 'status_files' must map job ids to paths")
+    squeue = _run_quietly(squeue_argv, timeout)
+    # Status files are read after squeue: a job squeue no longer lists has written its file.
+    result = {
+        "squeue": squeue,
+        "absent_ids": None,
+        "status_files": {str(k): _read_status_file(v) for k, v in files.items()},
+        "sacct_ids": [],
+        "sacct": None,
+    }
+    if result["squeue"]["rc"] != 0:
+        return result
+    present = listed_job_ids(result["squeue"]["stdout"], known_ids)
+    absent = [i for i in known_ids if i not in present]
+    result["absent_ids"] = absent
+    need = [i for i in absent if not result["status_files"].get(i, {}).get("exists")]
+    if params.get("sacct_argv") and need:
+        sacct_argv = get_argv(params, "sacct_argv") + ["--jobs=" + ",".join(need)]
+        result["sacct_ids"] = need
+        result["sacct"] = _run_quietly(sacct_argv, timeout)
+    return result
+
+
+def op_submit(params: dict, ctx: OpContext) -> dict:
+    """``submit``: record the token, run ``argv`` without the lock, record the outcome.
+
+    Parameters: ``argv``, ``token``, ``state`` ({path, lock, timeout, create,
+    max_schema_version}), ``record`` (pointer of the submission record), ``record_value``
+    (extra fields), ``on_submitted`` (optional), ``timeout`` (for sbatch). See the module
+    docstring for the guarantees.
+    """
+    argv = get_argv(params, "argv")
+    token = get_str(params, "token")
+    if not _TOKEN.match(token):
+        raise bad_request("token must be 1-128 characters of [A-Za-z0-9._:-]")
+    if not any(token in arg for arg in argv):
+        raise bad_request("argv must carry the token (as --comment) so the job can be found")
+    state = params.get("state")
+    if not isinstance(state, dict):
+        raise bad_request("parameter 'state' must be an object with path and lock")
+    record = get_str(params, "record")
+    try:
+        tokens = parse_pointer(record)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    if not tokens:
+        raise bad_request("record must point below the document root")
+    value = params.get("record_value") or {}
+    if not isinstance(value, dict):
+        raise bad_request("parameter 'record_value' must be an object")
+    value = dict(value, token=token, status="submitting")
+    on_submitted = _on_submitted(params.get("on_submitted"))
+
+    existing = _record_intent(state, ctx, tokens, value, record)
+    if existing is not None:
+        return existing
+    outcome = _run_sbatch(argv, get_number(params, "timeout", 120.0))
+    return _record_outcome(state, ctx, tokens, value, outcome, on_submitted)
+
+
+def _record_intent(state: dict, ctx: OpContext, tokens: list, value: dict, record: str):
+    patch = _parents(tokens) + [
+        {"op": "absent", "path": record},
+        {"op": "add", "path": record, "value": value},
+        {"op": "add", "path": record + "/submitted_at", "value_now": 0},
+    ]
+    try:
+        locked_transaction(state, ctx, lambda _d, _n: patch, f"submit {value['token']}")
+    except OpError as exc:
+        conflict = exc.fields.get("conflict") or {}
+        if exc.type != "Conflict" or conflict.get("op", {}).get("op") != "absent":
+            raise
+        found = conflict.get("actual")
+        if isinstance(found, dict) and found.get("status") == "submitted" and found.get("job_id"):
+            return {
+                "job_id": str(found["job_id"]),
+                "status": "submitted",
+                "recovered": True,
+                "recorded": True,
+                "rc": None,
+                "stdout": "",
+                "stderr": "",
+                "doc": exc.fields.get("doc"),
+                "version": exc.fields.get("version"),
+            }
+        raise OpError(
+            "SubmissionInDoubt",
+            f"token {value['token']} already has a submission record with status "
+            f"{found.get('status') if isinstance(found, dict) else found!r}; "
+            "look the job up by its comment before submitting again",
+            record=found,
+            doc=exc.fields.get("doc"),
+            version=exc.fields.get("version"),
+        ) from None
+    return None
+
+
+def _run_sbatch(argv: list, timeout: float) -> dict:
+    try:
+        out = run_command(argv, timeout=timeout)
+    except OpError as exc:
+        # not started (failed: no job) or timed out (unknown: the job may exist)
+        stderr = (exc.fields.get("stderr", "") + "\n" + exc.message).strip()
+        return {
+            "rc": None,
+            "stdout": exc.fields.get("stdout", ""),
+            "stderr": stderr,
+            "job_id": None,
+            "status": "unknown" if exc.type == "CommandTimeout" else "failed",
+        }
+    job_id = parse_job_id(out["stdout"]) if out["rc"] == 0 else None
+    out["job_id"] = job_id
+    out["status"] = "submitted" if job_id else ("failed" if out["rc"] != 0 else "unknown")
+    return out
+
+
+def _on_submitted(spec: object) -> dict | None:
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("value", {}), dict):
+        raise bad_request("on_submitted must be an object with 'path' and 'value'")
+    template = get_str(spec, "path")
+    try:
+        tokens = parse_pointer(template.replace("{job_id}", "0"))
+    except ValueError as exc:
+        raise bad_request(f"on_submitted path: {exc}") from None
+    if not tokens or "{job_id}" not in template:
+        raise bad_request("on_submitted path must contain {job_id} below the document root")
+    return {"path": template, "value": spec.get("value") or {}}
+
+
+def _job_record_patch(on_submitted: dict, job_id: str, token: str, record: str) -> Callable:
+    """Builds (from the document under the lock) the patch writing the job's own record."""
+    target = on_submitted["path"].replace("{job_id}", job_id)
+    tokens = parse_pointer(target)
+    value = dict(on_submitted["value"], job_id=job_id, token=token)
+
+    def build(doc: dict | None, _now: float) -> list:
+        submission = get_path(doc or {}, record) or {}
+        job_value = dict(value, submitted_at=submission.get("submitted_at"))
+        return _parents(tokens) + [{"op": "add", "path": target, "value": job_value}]
+
+    return build
+
+
+def _record_outcome(
+    state: dict, ctx: OpContext, tokens: list, value: dict, out: dict, on_submitted: dict | None
+) -> dict:
+    record = make_pointer(*tokens)
+    fields = {"status": out["status"], "job_id": out["job_id"], "rc": out["rc"]}
+    if out["status"] != "submitted":
+        fields["error"] = (out.get("stderr") or out.get("stdout") or "")[-2000:]
+    patch = _parents(tokens) + [{"op": "setdefault", "path": record, "value": value}]
+    patch += [{"op": "add", "path": f"{record}/{k}", "value": v} for k, v in fields.items()]
+    patch.append({"op": "add", "path": record + "/finished_at", "value_now": 0})
+    extra = None
+    if on_submitted is not None and out["status"] == "submitted":
+        extra = _job_record_patch(on_submitted, out["job_id"], value["token"], record)
+    result = {
+        "job_id": out["job_id"],
+        "status": out["status"],
+        "rc": out["rc"],
+        "stdout": out.get("stdout", ""),
+        "stderr": out.get("stderr", ""),
+        "recovered": False,
+        "recorded": False,
+    }
+    try:
+        written = locked_transaction(
+            state,
+            ctx,
+            lambda doc, now: patch + (extra(doc, now) if extra else []),
+            f"submit {value['token']}",
+        )
+        result.update(recorded=True, doc=written["doc"], version=written["version"])
+    except OpError as exc:
+        ctx.warnings.append(f"submission outcome not recorded ({exc.type}): {exc.message}")
+    if out["status"] != "submitted":
+        raise OpError(
+            "SubmitFailed", f"{out['status']}: {(out.get('stderr') or '').strip()[-500:]}", **result
+        )
+    return result
+
+
+def _parents(tokens: list) -> list:
+    return [
+        {"op": "setdefault", "path": make_pointer(*tokens[:i]), "value": {}}
+        for i in range(1, len(tokens))
+    ]
+
+
+def _run_quietly(argv: list, timeout: float) -> dict:
+    try:
+        return run_command(argv, timeout=timeout)
+    except OpError as exc:
+        out = {"rc": None, "stdout": exc.fields.get("stdout", ""), "stderr": exc.message}
+        out["error"] = exc.type
+        return out
+
+
+def _read_status_file(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(STATUS_FILE_LIMIT)
+    except FileNotFoundError:
+        return {"exists": False, "data": None}
+    except OSError as exc:
+        return {"exists": False, "data": None, "error": str(exc)}
+    return {"exists": True, "data": data.decode("utf-8", "replace")}

@@ -1,0 +1,125 @@
+"""``SlurmResource``: the cluster a job goes to and the scheduler defaults it gets.
+
+The resource holds configuration only. :meth:`SlurmResource.scheduler` returns the
+process-wide :class:`~dagster_slurm.scheduler.client.SlurmScheduler` for these settings,
+built on the shared SSH connection and the cluster-side agent installed under
+``remote_base``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+
+from dagster import ConfigurableResource
+from pydantic import Field, field_validator
+
+from dagster_slurm.agent import AgentClient
+from dagster_slurm.errors import ConfigurationError, TransportError
+from dagster_slurm.resources.ssh import SSHConnectionResource
+from dagster_slurm.scheduler.client import SlurmScheduler
+from dagster_slurm.slurm.queue import SlurmQueueConfig
+
+_CACHE: dict[tuple, tuple[str, SlurmScheduler]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+class SlurmResource(ConfigurableResource):
+    """A Slurm cluster reached over SSH, with the default queue settings of its jobs."""
+
+    ssh: SSHConnectionResource = Field(description="How to reach the cluster's login node.")
+    queue: SlurmQueueConfig = Field(
+        default_factory=SlurmQueueConfig,
+        description="Default partition, shape and walltime of jobs; assets may override fields.",
+    )
+    remote_base: str | None = Field(
+        default=None,
+        description=(
+            "Absolute directory on the cluster's shared filesystem for the library's files "
+            "(cluster-side program, job directories, session state). None: $HOME/dagster-slurm "
+            "of the login user, looked up once per process."
+        ),
+    )
+    python: str = Field(
+        default="python3",
+        description="Python interpreter (>= 3.8) on the login node that runs the cluster-side program.",
+    )
+    submit_interval: float = Field(
+        default=0.2,
+        description="Minimum seconds between two submissions from one process (sbatch rate limit).",
+    )
+
+    @field_validator("remote_base")
+    @classmethod
+    def _check_base(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(
+                f"remote_base={value!r}: must be an absolute path on the cluster (no '~')"
+            )
+        return value
+
+    @field_validator("submit_interval")
+    @classmethod
+    def _check_interval(cls, value: float) -> float:
+        if value < 0:
+            raise ValueError(f"submit_interval={value!r}: must be >= 0")
+        return value
+
+    @classmethod
+    def from_env(
+        cls,
+        prefix: str = "SLURM_EDGE_NODE_",
+        environ: Mapping[str, str] | None = None,
+        queue: SlurmQueueConfig | None = None,
+    ) -> SlurmResource:
+        """SSH settings from ``<prefix>*`` (see :meth:`SSHConnectionResource.from_env`),
+        ``remote_base`` from ``SLURM_DEPLOYMENT_BASE_PATH`` and, when ``queue`` is None, the
+        partition from ``SLURM_PARTITION``."""
+        env = os.environ if environ is None else environ
+        if queue is None:
+            queue = SlurmQueueConfig(partition=env.get("SLURM_PARTITION") or None)
+        return cls(
+            ssh=SSHConnectionResource.from_env(prefix=prefix, environ=env),
+            queue=queue,
+            remote_base=env.get("SLURM_DEPLOYMENT_BASE_PATH") or None,
+        )
+
+    def base_path(self) -> str:
+        """``remote_base``, or ``$HOME/dagster-slurm`` of the login user (one lookup per process)."""
+        return self._runtime()[0]
+
+    def scheduler(self) -> SlurmScheduler:
+        """The process-wide scheduler client for these settings."""
+        return self._runtime()[1]
+
+    def agent(self) -> AgentClient:
+        """The cluster-side program's client used by :meth:`scheduler`."""
+        return self.scheduler().agent
+
+    def _runtime(self) -> tuple[str, SlurmScheduler]:
+        key = (os.getpid(), self.ssh.to_target(), self.ssh.to_options(), self.remote_base, self.python)
+        with _CACHE_LOCK:
+            cached = _CACHE.get(key)
+            if cached is not None:
+                return cached
+        transport = self.ssh.get_transport()
+        base = self.remote_base or _remote_home(transport) + "/dagster-slurm"
+        scheduler = SlurmScheduler(
+            AgentClient(transport, base, self.python), submit_interval=self.submit_interval
+        )
+        with _CACHE_LOCK:
+            return _CACHE.setdefault(key, (base, scheduler))
+
+
+def _remote_home(transport) -> str:  # noqa: ANN001 - any Transport
+    result = transport.run(["printenv", "HOME"])
+    home = result.stdout.strip()
+    if not result.ok or not home.startswith("/"):
+        raise TransportError(
+            f"could not determine the login user's home directory ({result.stderr.strip()!r}); "
+            "set SlurmResource.remote_base"
+        )
+    if "\n" in home:
+        raise ConfigurationError("HOME", home, "unexpected multi-line home directory")
+    return home

@@ -1,0 +1,297 @@
+"""Scheduler operations through the cluster-side agent.
+
+Each method of :class:`SlurmScheduler` is one agent request, that is one SSH round trip,
+and at most one scheduler RPC except where stated (a status poll adds one batched ``sacct``
+only for known jobs that have left ``squeue``). The counts are kept in
+:class:`SchedulerStats` for benchmarks and tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from dagster_slurm.agent import (
+    AgentClient,
+    exec_op,
+    job_status_op,
+    submit_op,
+    write_file_op,
+)
+from dagster_slurm.errors import CommandFailed, SchedulerError
+from dagster_slurm.scheduler.pacing import RateLimiter
+from dagster_slurm.slurm import (
+    JobState,
+    SacctRecord,
+    SbatchSpec,
+    SqueueRecord,
+    TestOnlyResult,
+    min_job_age_seconds,
+    parse_sacct,
+    parse_scontrol_config,
+    parse_squeue,
+    parse_test_only,
+    sacct_argv,
+    sacct_base_argv,
+    sbatch_argv,
+    scancel_argv,
+    scontrol_show_config_argv,
+    squeue_argv,
+)
+from dagster_slurm.transport.base import CommandResult
+
+
+@dataclass
+class SchedulerStats:
+    """How many scheduler RPCs (sbatch, squeue, sacct, scancel, scontrol) this client caused."""
+
+    calls: int = 0
+    by_command: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, command: str, n: int = 1) -> None:
+        with self._lock:
+            self.calls += n
+            self.by_command[command] = self.by_command.get(command, 0) + n
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls = 0
+            self.by_command.clear()
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    """A job the scheduler accepted: its id and the token carried in its comment."""
+
+    job_id: str
+    token: str
+    recovered: bool = False
+
+
+@dataclass(frozen=True)
+class JobObservation:
+    """What is known about one job at one poll.
+
+    ``state`` is None when nothing could be observed (the scheduler did not answer, or the
+    job left the queue and accounting has no record). ``exit_code`` comes from the job's
+    status file when the library wrote one, else from accounting; None when unknown.
+    ``source`` says where ``state`` came from: ``squeue``, ``sacct`` or ``status_file``.
+    """
+
+    job_id: str
+    state: JobState | None
+    reason: str | None = None
+    start_time: datetime | None = None
+    exit_code: int | None = None
+    source: str | None = None
+    queue: SqueueRecord | None = None
+    accounting: SacctRecord | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the job has finished, by any source."""
+        return self.state is not None and self.state.terminal
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """One poll of the scheduler for a set of job names.
+
+    ``certain`` is False when squeue failed: then no job's absence means anything.
+    ``observed_at`` is the login node's clock (epoch seconds) at the query.
+    """
+
+    observed_at: float | None
+    certain: bool
+    queue: Mapping[str, SqueueRecord]
+    accounting: Mapping[str, SacctRecord]
+    exit_codes: Mapping[str, int | None]
+    absent: tuple[str, ...]
+    error: str | None = None
+
+    def job(self, job_id: str) -> JobObservation:
+        """Combine squeue, the status file and accounting into one observation."""
+        rec = self.queue.get(job_id)
+        acct = self.accounting.get(job_id)
+        code = self.exit_codes.get(job_id)
+        if code is None and acct is not None:
+            code = acct.exit_code
+        if rec is not None and rec.state is not JobState.UNKNOWN:
+            return JobObservation(
+                job_id, rec.state, rec.reason, rec.start_time, code, "squeue", rec, acct
+            )
+        if acct is not None and acct.state is not JobState.UNKNOWN:
+            return JobObservation(job_id, acct.state, None, acct.start_time, code, "sacct", None, acct)
+        if job_id in self.exit_codes and code is not None and job_id in self.absent:
+            # Left the queue, accounting silent: the library's own status file decides.
+            state = JobState.COMPLETED if code == 0 else JobState.FAILED
+            return JobObservation(job_id, state, None, None, code, "status_file")
+        return JobObservation(job_id, None, exit_code=code)
+
+
+def _parse_exit_code(data: str | None) -> int | None:
+    if data is None:
+        return None
+    text = data.strip().split()[0] if data.strip() else ""
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+class SlurmScheduler:
+    """Submit, poll, cancel and probe jobs; one agent request per call (see module doc)."""
+
+    def __init__(
+        self,
+        agent: AgentClient,
+        *,
+        submit_interval: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.agent = agent
+        self.stats = SchedulerStats()
+        self._submit_limit = RateLimiter(submit_interval, clock=clock, sleep=sleep)
+        self._config: dict[str, str] | None = None
+
+    # -- submission ------------------------------------------------------------------------
+    def submit(
+        self,
+        spec: SbatchSpec,
+        *,
+        state_path: str,
+        record: str = "/job",
+        files: Mapping[str, tuple[str | bytes, int]] | None = None,
+        token: str | None = None,
+    ) -> SubmittedJob:
+        """Write ``files`` (path -> (content, mode)), then submit ``spec`` with a token.
+
+        The token is recorded in the JSON document ``state_path`` (at pointer ``record``)
+        *before* sbatch runs and is passed as the job's ``--comment``, so a submission
+        whose answer was lost can be found again. Raises :class:`SchedulerError` with
+        Slurm's message when sbatch rejects the job.
+        """
+        token = token or f"dslurm-{secrets.token_hex(8)}"
+        spec = _with_comment(spec, token)
+        self._submit_limit.acquire()
+        with self.agent.batch() as batch:
+            written = [
+                batch.add(write_file_op(path, content, mode=mode, makedirs=True))
+                for path, (content, mode) in (files or {}).items()
+            ]
+            submitted = batch.add(
+                submit_op(
+                    sbatch_argv(spec),
+                    token=token,
+                    state_path=state_path,
+                    lock_path=state_path + ".lock",
+                    record=record,
+                    create={"schema_version": 1},
+                ),
+                requires=written,
+            )
+        for item in written:
+            item.result()
+        self.stats.count("sbatch")
+        result = submitted.result()
+        if not result.ok:
+            message = (result.stderr or result.stdout).strip() or f"status {result.status}"
+            raise SchedulerError(f"sbatch rejected job {spec.job_name!r}: {message}")
+        assert result.job_id is not None
+        return SubmittedJob(result.job_id, token, result.recovered)
+
+    # -- status ----------------------------------------------------------------------------
+    def status(
+        self,
+        job_names: Sequence[str],
+        known_ids: Sequence[str] = (),
+        *,
+        status_files: Mapping[str, str] | None = None,
+        accounting: bool = True,
+    ) -> StatusSnapshot:
+        """One squeue for every job of ``job_names``; sacct only for known ids it lacks."""
+        op = job_status_op(
+            squeue_argv(job_names),
+            list(known_ids),
+            sacct_argv=sacct_base_argv() if accounting else None,
+            status_files=status_files,
+        )
+        response = self.agent.call([op.to_request()], timeout=self.agent.budget([op]))
+        result = op.decode(response.results[0], 0)
+        self.stats.count("squeue")
+        acct: dict[str, SacctRecord] = {}
+        if result.sacct is not None:
+            self.stats.count("sacct")
+            if result.sacct.rc == 0:
+                acct = parse_sacct(result.sacct.stdout)
+        records = {r.job_id: r for r in parse_squeue(result.squeue.stdout)} if result.squeue.rc == 0 else {}
+        codes = {
+            job_id: _parse_exit_code(sf.data) for job_id, sf in result.status_files.items() if sf.exists
+        }
+        return StatusSnapshot(
+            observed_at=response.now,
+            certain=result.squeue.rc == 0 and result.absent_ids is not None,
+            queue=records,
+            accounting=acct,
+            exit_codes=codes,
+            absent=result.absent_ids or (),
+            error=None if result.squeue.rc == 0 else (result.squeue.stderr or result.squeue.error),
+        )
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, SacctRecord]:
+        """Final accounting of finished jobs (empty when accounting is unavailable)."""
+        result = self._exec(sacct_argv(job_ids), "sacct", check=False)
+        return parse_sacct(result.stdout) if result.ok else {}
+
+    # -- control ---------------------------------------------------------------------------
+    def cancel(
+        self,
+        job_ids: Sequence[str] | None = None,
+        *,
+        job_name: str | None = None,
+        signal: str | None = None,
+        batch_only: bool = False,
+    ) -> None:
+        """scancel the given jobs or every job of ``job_name`` (optionally only a signal)."""
+        argv = scancel_argv(job_ids=job_ids, job_name=job_name, signal=signal, batch_only=batch_only)
+        result = self._exec(argv, "scancel", check=False)
+        if not result.ok and "Invalid job id" not in result.stderr:
+            raise CommandFailed(result, "scancel")
+
+    def test_only(self, spec: SbatchSpec) -> TestOnlyResult:
+        """Ask ``sbatch --test-only`` when and where ``spec`` would start (nothing is queued)."""
+        argv = sbatch_argv(spec, test_only=True, script_on_stdin=True)
+        result = self._exec(argv, "sbatch", check=False, stdin="#!/bin/sh\ntrue\n")
+        return parse_test_only(result.stderr + result.stdout, result.exit_code)
+
+    def config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict, fetched once per scheduler."""
+        if self._config is None:
+            result = self._exec(scontrol_show_config_argv(), "scontrol", check=True)
+            self._config = parse_scontrol_config(result.stdout)
+        return self._config
+
+    def min_job_age(self) -> int | None:
+        """Seconds a finished job stays listed by squeue (``MinJobAge``), None if unknown."""
+        return min_job_age_seconds(self.config())
+
+    def _exec(
+        self, argv: list[str], what: str, *, check: bool, stdin: str | None = None
+    ) -> CommandResult:
+        op = exec_op(argv, timeout=60.0, stdin=stdin)
+        result = self.agent.run(op)
+        self.stats.count(what)
+        code = result.rc if result.rc is not None else -1
+        outcome = CommandResult(shlex.join(argv), code, result.stdout, result.stderr, 0.0)
+        if check and not outcome.ok:
+            raise CommandFailed(outcome, what)
+        return outcome
+
+
+def _with_comment(spec: SbatchSpec, token: str) -> SbatchSpec:
+    return dataclasses.replace(spec, comment=token)

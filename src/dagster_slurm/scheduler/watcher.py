@@ -1,0 +1,163 @@
+"""Follow jobs until they finish, with one scheduler query per poll for all of them.
+
+A :class:`JobWatcher` tracks the jobs of one or more job names. Every poll is one agent
+request: one ``squeue`` for all tracked names (every state, so a final state stays visible
+until Slurm purges the job after ``MinJobAge``), the jobs' exit-status files, and one
+batched ``sacct`` only for tracked jobs that have left ``squeue`` without a status file.
+The interval backs off while nothing changes and resets on a change; it is kept below half
+of ``MinJobAge`` once that is known, so a final state is normally read from ``squeue``
+itself. Threads waiting on different jobs share polls: a poll younger than the current
+interval is reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dagster_slurm.errors import TransportError
+from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, StatusSnapshot
+from dagster_slurm.scheduler.pacing import PollBackoff
+
+log = logging.getLogger("dagster_slurm.scheduler")
+
+#: Polls a job may stay unobservable (absent from squeue, no status file, no accounting)
+#: before it is reported as lost.
+LOST_AFTER_POLLS = 5
+
+
+@dataclass(frozen=True)
+class _Tracked:
+    job_name: str
+    status_file: str | None
+
+
+class JobLost(Exception):
+    """A tracked job left the queue and neither a status file nor accounting says how."""
+
+
+class JobWatcher:
+    """Polls the scheduler for tracked jobs (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: SlurmScheduler,
+        *,
+        backoff: PollBackoff | None = None,
+        accounting: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.scheduler = scheduler
+        self.backoff = backoff or PollBackoff()
+        self.accounting = accounting
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tracked: dict[str, _Tracked] = {}
+        self._last: StatusSnapshot | None = None
+        self._last_at = float("-inf")
+        self._last_states: dict[str, object] = {}
+        self._unseen: dict[str, int] = {}
+        self._min_job_age_checked = False
+
+    def track(self, job_id: str, job_name: str, status_file: str | None = None) -> None:
+        """Include ``job_id`` (of ``job_name``) in every poll from now on."""
+        with self._lock:
+            self._tracked[job_id] = _Tracked(job_name, status_file)
+            self._last_at = float("-inf")
+
+    def untrack(self, job_id: str) -> None:
+        """Stop polling for ``job_id``."""
+        with self._lock:
+            self._tracked.pop(job_id, None)
+            self._unseen.pop(job_id, None)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between polls right now."""
+        return self.backoff.current
+
+    def poll(self, *, force: bool = False) -> StatusSnapshot:
+        """One scheduler query for every tracked job, or the last one if it is still fresh."""
+        with self._lock:
+            now = self._clock()
+            if not force and self._last is not None and now - self._last_at < self.backoff.current:
+                return self._last
+            tracked = dict(self._tracked)
+            names = sorted({t.job_name for t in tracked.values()})
+            files = {j: t.status_file for j, t in tracked.items() if t.status_file}
+            snapshot = self.scheduler.status(
+                names, list(tracked), status_files=files, accounting=self.accounting
+            )
+            self._record(snapshot, tracked)
+            self._last, self._last_at = snapshot, self._clock()
+            return snapshot
+
+    def _record(self, snapshot: StatusSnapshot, tracked: dict[str, _Tracked]) -> None:
+        states = {j: (o.state, o.reason) for j in tracked for o in [snapshot.job(j)]}
+        changed = states != {j: self._last_states.get(j) for j in tracked}
+        self._last_states.update(states)
+        self.backoff.observe(changed)
+        for job_id in tracked:
+            if snapshot.certain and snapshot.job(job_id).state is None:
+                self._unseen[job_id] = self._unseen.get(job_id, 0) + 1
+            else:
+                self._unseen.pop(job_id, None)
+        if not self._min_job_age_checked and self.backoff.current >= 10:
+            self._min_job_age_checked = True
+            try:
+                age = self.scheduler.min_job_age()
+            except Exception as exc:  # noqa: BLE001 - a missing config only loses an optimisation
+                log.debug("could not read MinJobAge: %s", exc)
+                age = None
+            if age:
+                self.backoff.cap(max(age / 2, self.backoff.initial))
+
+    def observe(self, job_id: str) -> JobObservation:
+        """The tracked job as of a fresh-enough poll; raises :class:`JobLost` if it vanished."""
+        snapshot = self.poll()
+        observation = snapshot.job(job_id)
+        if observation.state is None and self._unseen.get(job_id, 0) >= LOST_AFTER_POLLS:
+            raise JobLost(
+                f"job {job_id} left the queue and neither its status file nor accounting "
+                "reports how it ended"
+            )
+        return observation
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        on_poll: Callable[[JobObservation], None] | None = None,
+        timeout: float | None = None,
+        transport_retries: int = 5,
+    ) -> JobObservation:
+        """Poll until ``job_id`` is terminal; ``on_poll`` sees every observation.
+
+        Transient transport errors are retried ``transport_retries`` times in a row before
+        they propagate. ``timeout`` (seconds, None for no limit) raises :class:`TimeoutError`.
+        """
+        deadline = None if timeout is None else self._clock() + timeout
+        failures = 0
+        while True:
+            try:
+                observation = self.observe(job_id)
+                failures = 0
+            except TransportError as exc:
+                failures += 1
+                if failures > transport_retries:
+                    raise
+                log.warning("scheduler poll failed (%s); retrying", exc)
+                self._sleep(self.backoff.current)
+                continue
+            if on_poll is not None:
+                on_poll(observation)
+            if observation.terminal:
+                return observation
+            if deadline is not None and self._clock() >= deadline:
+                raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
+            self._sleep(self.backoff.current)

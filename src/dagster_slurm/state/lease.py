@@ -1,0 +1,198 @@
+"""Leases with lifetimes in the session document, for head elections and other exclusive roles.
+
+A lease lives at ``/leases/<name>`` as ``{owner, acquired_at, renewed_at, expires_at, ttl}``.
+Acquire, renew and release are patches run by a
+:class:`~dagster_slurm.state.store.StateStore`; their times come from the store's clock at
+commit (``value_now``: the login node's clock for the agent store), never from the caller's
+clock, so processes on different hosts compare the same time.
+
+Guarantees:
+
+* At most one unexpired holder: acquisition commits only if the lease is absent, expired at
+  the transaction's clock, or already held by the same owner — a compare-and-set on the
+  exact record seen, so a renewal or takeover in between makes it fail.
+* Expired holders are dead: once ``expires_at`` passes, anyone may take the lease, and the
+  old holder's :func:`renew` fails even if nobody took it (the holder must acquire again and
+  assume it lost exclusivity in between). A malformed lease record counts as expired.
+* Deterministic tie-break: contenders are serialised by the store's transactions; the first
+  to commit wins and every later one sees it as the holder. ``expires_at == now`` counts as
+  expired.
+* A local deadline without synchronised clocks: :attr:`LeaseGrant.valid_until` is the
+  caller's monotonic time when the winning transaction was *sent* plus ``ttl``, never later
+  than the store-side expiry. Act as the holder only before it.
+
+Non-guarantees: no fairness between contenders; a holder paused past ``valid_until`` that
+keeps acting breaks exclusivity, so check :meth:`LeaseGrant.still_valid` before each
+exclusive action. Owner ids must be unique per process (:func:`new_owner_id`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from dagster_slurm.agent.remote.patch import json_equal, make_pointer
+from dagster_slurm.state.schema import Lease
+from dagster_slurm.state.store import StateStore
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """Outcome of :func:`acquire`/:func:`renew`.
+
+    ``acquired`` is True when the caller holds the lease afterwards; ``holder`` is the holder
+    the store reported (None when nobody holds it); ``valid_until`` is the caller's local
+    monotonic deadline (None when not acquired); ``now`` is the store's clock.
+    """
+
+    acquired: bool
+    holder: Lease | None
+    valid_until: float | None
+    now: float | None
+    version: int
+
+    def still_valid(self, monotonic: Callable[[], float] = time.monotonic) -> bool:
+        """True while the caller may act as holder."""
+        return self.valid_until is not None and monotonic() < self.valid_until
+
+
+def new_owner_id(host: str | None = None, pid: int | None = None) -> str:
+    """A unique owner id: ``host:pid:random`` (the random part tells restarts apart)."""
+    host = host or socket.gethostname()
+    pid = os.getpid() if pid is None else pid
+    return f"{host}:{pid}:{os.urandom(4).hex()}"
+
+
+def lease_pointer(name: str) -> str:
+    return make_pointer("leases", name)
+
+
+def acquire_patch(
+    name: str, owner: str, ttl: float, previous: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """Take the lease if it still is exactly ``previous`` (None: if there is no lease).
+
+    Taking another owner's lease also requires it to be expired at the store's clock.
+    """
+    pointer = lease_pointer(name)
+    if previous is None:
+        guard = [
+            {"op": "setdefault", "path": "/leases", "value": {}},
+            {"op": "absent", "path": pointer},
+        ]
+    else:
+        guard = [{"op": "test", "path": pointer, "value": dict(previous)}]
+        lease = _parse(previous)
+        if lease is not None and lease.owner != owner:
+            guard.append(
+                {"op": "test", "path": pointer + "/expires_at", "cmp": "le", "value_now": 0}
+            )
+    return guard + [
+        {"op": "add", "path": pointer, "value": {"owner": owner, "ttl": ttl}},
+        {"op": "add", "path": pointer + "/acquired_at", "value_now": 0},
+        {"op": "add", "path": pointer + "/renewed_at", "value_now": 0},
+        {"op": "add", "path": pointer + "/expires_at", "value_now": ttl},
+    ]
+
+
+def renew_patch(name: str, owner: str, ttl: float) -> list[dict[str, Any]]:
+    """Extend the lease to ``now + ttl`` if ``owner`` holds it and it has not expired."""
+    pointer = lease_pointer(name)
+    return [
+        {"op": "test", "path": pointer + "/owner", "value": owner},
+        {"op": "test", "path": pointer + "/expires_at", "cmp": "gt", "value_now": 0},
+        {"op": "replace", "path": pointer + "/renewed_at", "value_now": 0},
+        {"op": "replace", "path": pointer + "/expires_at", "value_now": ttl},
+        {"op": "add", "path": pointer + "/ttl", "value": ttl},
+    ]
+
+
+def release_patch(name: str, owner: str) -> list[dict[str, Any]]:
+    """Remove the lease if ``owner`` holds it (expired or not)."""
+    pointer = lease_pointer(name)
+    return [
+        {"op": "test", "path": pointer + "/owner", "value": owner},
+        {"op": "remove", "path": pointer},
+    ]
+
+
+def current_holder(doc: Mapping[str, Any] | None, name: str, now: float) -> Lease | None:
+    """The unexpired holder of lease ``name`` in ``doc`` at ``now``, or None."""
+    lease = _parse(_record(doc, name))
+    return None if lease is None or lease.expired(now) else lease
+
+
+def acquire(
+    store: StateStore,
+    name: str,
+    owner: str,
+    ttl: float,
+    *,
+    attempts: int = 3,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> LeaseGrant:
+    """Take lease ``name`` for ``owner`` unless another owner holds it unexpired.
+
+    Optimistic: the first attempt assumes no lease exists; a conflict returns the current
+    record, and the next attempt compares-and-sets against it. At most ``attempts``
+    transactions.
+    """
+    previous: Mapping[str, Any] | None = None
+    grant = LeaseGrant(False, None, None, None, 0)
+    for _ in range(attempts):
+        sent = monotonic()
+        result = store.transact(acquire_patch(name, owner, ttl, previous))
+        record = _record(result.doc, name)
+        lease = _parse(record)
+        if result.ok:
+            return LeaseGrant(True, lease, sent + ttl, result.now, result.version)
+        now = result.now if result.now is not None else float("inf")
+        grant = LeaseGrant(False, lease, None, result.now, result.version)
+        if lease is not None and lease.owner != owner and not lease.expired(now):
+            return grant
+        if record is not None and previous is not None and json_equal(record, previous):
+            return grant  # the record did not change yet the takeover failed: give up
+        previous = record
+    return grant
+
+
+def renew(
+    store: StateStore,
+    name: str,
+    owner: str,
+    ttl: float,
+    *,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> LeaseGrant:
+    """Extend a held, unexpired lease; ``acquired`` False means the lease was lost."""
+    sent = monotonic()
+    result = store.transact(renew_patch(name, owner, ttl))
+    lease = _parse(_record(result.doc, name))
+    valid_until = sent + ttl if result.ok else None
+    return LeaseGrant(result.ok, lease, valid_until, result.now, result.version)
+
+
+def release(store: StateStore, name: str, owner: str) -> bool:
+    """Give the lease up; False when ``owner`` did not hold it (nothing changed)."""
+    return store.transact(release_patch(name, owner)).ok
+
+
+def _record(doc: Mapping[str, Any] | None, name: str) -> Mapping[str, Any] | None:
+    leases = (doc or {}).get("leases")
+    record = leases.get(name) if isinstance(leases, Mapping) else None
+    return record if isinstance(record, Mapping) else None
+
+
+def _parse(record: Mapping[str, Any] | None) -> Lease | None:
+    if record is None:
+        return None
+    try:
+        return Lease.model_validate(dict(record))
+    except ValidationError:
+        return None
