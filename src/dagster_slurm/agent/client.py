@@ -25,6 +25,11 @@ Guarantees:
   :class:`~dagster_slurm.errors.LockTimeout`); warnings from the agent are logged on the
   ``dagster_slurm.agent`` logger and kept on the results.
 
+* With ``persistent=True`` (what :class:`~dagster_slurm.SlurmResource` uses) requests go
+  to long-lived agent processes in serve mode (see :mod:`~dagster_slurm.agent.stream`): one
+  line out, one line back on an open channel, no interpreter start per request. They end
+  with :meth:`AgentClient.close`, the transport's connection or the calling process.
+
 Non-guarantees: the client does not retry requests after a transport error; whether an
 operation ran is then unknown (submissions carry tokens for that reason).
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -40,6 +46,7 @@ from typing import Any, Generic, TypeVar
 from dagster_slurm.agent.bundle import AgentProgram, default_program
 from dagster_slurm.agent.exceptions import AgentProtocolError
 from dagster_slurm.agent.ops import AgentOp
+from dagster_slurm.agent.stream import NOT_INSTALLED, AgentStreamPool
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.transport.base import CommandResult, Transport
 
@@ -98,6 +105,8 @@ class AgentClient:
         *,
         program: AgentProgram | None = None,
         timeout_margin: float = 30.0,
+        persistent: bool = False,
+        max_streams: int = 2,
     ) -> None:
         if not base_path or base_path.startswith("~"):
             raise ConfigurationError(
@@ -109,6 +118,12 @@ class AgentClient:
         self.install_dir = f"{base_path.rstrip('/') or '/'}/{INSTALL_DIR}"
         self.program_path = f"{self.install_dir}/{self.program.name}"
         self.timeout_margin = timeout_margin
+        self._pool: AgentStreamPool | None = None
+        if persistent and hasattr(transport, "open_stream"):
+            argv = ["sh", "-c", _LAUNCH + " --serve", "sh", self.program_path, self.python]
+            self._pool = AgentStreamPool(
+                transport, argv, not_installed_exit=NOT_INSTALLED_EXIT, max_streams=max_streams
+            )
 
     def call(
         self, requests: Sequence[Mapping[str, Any]], *, timeout: float | None = None
@@ -163,8 +178,21 @@ class AgentClient:
         return sum(op.budget_s for op in ops) + self.timeout_margin
 
     def _launch(self, payload: bytes, timeout: float) -> CommandResult:
+        if self._pool is not None:
+            start = time.monotonic()
+            answer = self._pool.request(payload + b"\n", timeout)
+            if answer is NOT_INSTALLED:
+                return CommandResult("agent --serve", NOT_INSTALLED_EXIT, "", "", 0.0)
+            assert isinstance(answer, bytes)
+            text = answer.decode("utf-8", "replace")
+            return CommandResult("agent --serve", 0, text, "", time.monotonic() - start)
         argv = ["sh", "-c", _LAUNCH, "sh", self.program_path, self.python]
         return self.transport.run(argv, stdin=payload, timeout=timeout)
+
+    def close(self) -> None:
+        """End the persistent agent processes, if any (the client stays usable)."""
+        if self._pool is not None:
+            self._pool.close()
 
     def _decode(self, result: CommandResult, expected: int) -> AgentResponse:
         try:

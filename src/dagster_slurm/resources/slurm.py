@@ -106,7 +106,8 @@ class SlurmResource(ConfigurableResource):
         transport = self.ssh.get_transport()
         base = self.remote_base or _remote_home(transport) + "/dagster-slurm"
         scheduler = SlurmScheduler(
-            AgentClient(transport, base, self.python), submit_interval=self.submit_interval
+            AgentClient(transport, base, self.python, persistent=True),
+            submit_interval=self.submit_interval,
         )
         with _CACHE_LOCK:
             return _CACHE.setdefault(key, (base, scheduler))

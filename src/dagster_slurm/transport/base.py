@@ -69,6 +69,38 @@ class TransportStats:
             self.commands.clear()
 
 
+class Stream(Protocol):
+    """A long-lived command with line-oriented standard input and output.
+
+    Used for the cluster-side agent's serve mode: one line written, one line read back.
+    """
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's standard input."""
+        ...
+
+    def readline(self, timeout: float) -> bytes:
+        """The next line of standard output (with its newline); ``b""`` once it ended.
+
+        Raises :class:`~dagster_slurm.errors.CommandTimeout` when no full line arrives within
+        ``timeout`` seconds and :class:`~dagster_slurm.errors.TransportError` when the link
+        fails.
+        """
+        ...
+
+    def stderr_tail(self) -> str:
+        """The last few KiB the command wrote to standard error (for error messages)."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """The command's exit status once it ended, else None."""
+        ...
+
+    def close(self) -> None:
+        """Close standard input and release the stream; the command sees EOF."""
+        ...
+
+
 @runtime_checkable
 class Transport(Protocol):
     """Runs commands on the cluster's login node (or locally)."""
@@ -93,9 +125,32 @@ class Transport(Protocol):
         """
         ...
 
+    def open_stream(self, argv: Sequence[str]) -> Stream:
+        """Start ``argv`` as a long-lived :class:`Stream` (it holds one channel while open)."""
+        ...
+
     def close(self) -> None:
         """Release connections; the transport may be used again afterwards (it reconnects)."""
         ...
+
+
+class LineBuffer:
+    """Accumulates bytes and hands out complete lines (a helper for Stream implementations)."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._data += data
+
+    def pop_line(self) -> bytes | None:
+        """The first complete line including its newline, or None if there is none yet."""
+        index = self._data.find(b"\n")
+        if index < 0:
+            return None
+        line = bytes(self._data[: index + 1])
+        del self._data[: index + 1]
+        return line
 
 
 def render_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:

@@ -6,12 +6,13 @@ Used by local mode and by unit tests of code that talks to the cluster-side agen
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
 from dagster_slurm.errors import CommandTimeout, TransportError
-from dagster_slurm.transport.base import CommandResult, TransportStats, render_command
+from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
 
 
 class LocalTransport:
@@ -51,5 +52,76 @@ class LocalTransport:
         self.stats.record(argv[0], len(stdin or b""), len(proc.stdout) + len(proc.stderr))
         return CommandResult(command, proc.returncode, out, err, time.monotonic() - start)
 
+    def open_stream(self, argv: Sequence[str]) -> LocalStream:
+        """Start ``argv`` with pipes as a long-lived stream."""
+        return LocalStream(argv, self.stats)
+
     def close(self) -> None:
         """Nothing to release."""
+
+
+class LocalStream:
+    """A :class:`~dagster_slurm.transport.base.Stream` over a local subprocess's pipes."""
+
+    def __init__(self, argv: Sequence[str], stats: TransportStats) -> None:
+        self._stats = stats
+        self._argv0 = argv[0]
+        try:
+            self._proc = subprocess.Popen(
+                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            raise TransportError(f"could not start {render_command(argv)!r}: {exc}") from exc
+        self._lines = LineBuffer()
+        self._err = bytearray()
+        self._pending = 0
+
+    def send(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+            self._proc.stdin.flush()
+        except OSError as exc:
+            raise TransportError(f"stream {self._argv0!r} closed: {exc}") from exc
+        self._pending = len(data)
+
+    def readline(self, timeout: float) -> bytes:
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        deadline = time.monotonic() + timeout
+        out_fd, err_fd = self._proc.stdout.fileno(), self._proc.stderr.fileno()
+        open_fds = [out_fd, err_fd]
+        while True:
+            line = self._lines.pop_line()
+            if line is not None:
+                self._stats.record(self._argv0, self._pending, len(line))
+                return line
+            if out_fd not in open_fds:
+                return b""
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(f"no answer from {self._argv0!r} within {timeout:.0f} s")
+            ready, _, _ = select.select(open_fds, [], [], remaining)
+            for fd in ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    open_fds.remove(fd)
+                elif fd == out_fd:
+                    self._lines.feed(chunk)
+                else:
+                    self._err = (self._err + chunk)[-8192:]
+
+    def stderr_tail(self) -> str:
+        return self._err.decode("utf-8", "replace")
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+    def close(self) -> None:
+        for pipe in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

@@ -28,7 +28,7 @@ from typing import Literal
 import paramiko
 
 from dagster_slurm.errors import CommandTimeout, HostKeyError, TransportError
-from dagster_slurm.transport.base import CommandResult, TransportStats, render_command
+from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
 
 log = logging.getLogger("dagster_slurm.ssh")
 
@@ -225,6 +225,10 @@ class SSHTransport:
                     transport.sock.close()
 
     # -- commands --------------------------------------------------------------------------
+    def open_stream(self, argv: Sequence[str]) -> SSHStream:
+        """Start ``argv`` as a long-lived stream on its own channel of the shared connection."""
+        return SSHStream(self, argv)
+
     def _open_channel(self, command: str) -> paramiko.Channel:
         for attempt in (1, 2):
             transport = self._live_transport()
@@ -314,6 +318,83 @@ class SSHTransport:
                 f"connection to {self.target.label} failed while running {command[:200]!r}: "
                 f"{exc}; it may or may not have completed"
             ) from None
+
+
+class SSHStream:
+    """A long-lived remote command on its own channel (see :class:`~dagster_slurm.transport.base.Stream`).
+
+    It holds one of the transport's ``max_channels`` slots until :meth:`close`.
+    """
+
+    def __init__(self, transport: SSHTransport, argv: Sequence[str]) -> None:
+        self._owner = transport
+        self._argv0 = argv[0]
+        if not transport._channels.acquire(timeout=transport.options.command_timeout):
+            raise CommandTimeout(f"no free SSH channel to {transport.target.label} for a stream")
+        self._released = False
+        try:
+            self._channel = transport._open_channel(render_command(argv))
+        except BaseException:
+            self._release()
+            raise
+        self._lines = LineBuffer()
+        self._err = bytearray()
+        self._pending = 0
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._owner._channels.release()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._channel.sendall(data)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(
+                f"stream to {self._owner.target.label} failed: {exc}; the request may or may "
+                "not have been received"
+            ) from None
+        self._pending = len(data)
+
+    def readline(self, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        channel = self._channel
+        while True:
+            while channel.recv_stderr_ready():
+                self._err = (self._err + channel.recv_stderr(_CHUNK))[-8192:]
+            line = self._lines.pop_line()
+            if line is not None:
+                self._owner.stats.record(self._argv0, self._pending, len(line))
+                return line
+            if channel.recv_ready():
+                self._lines.feed(channel.recv(_CHUNK))
+                continue
+            if channel.eof_received or channel.closed:
+                if channel.closed and not channel.eof_received:
+                    raise TransportError(
+                        f"connection to {self._owner.target.label} was lost during a request; "
+                        "it may or may not have completed"
+                    )
+                return b""
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(
+                    f"no answer from {self._argv0!r} on {self._owner.target.label} within "
+                    f"{timeout:.0f} s"
+                )
+            select.select([channel], [], [], min(remaining, 1.0))
+
+    def stderr_tail(self) -> str:
+        return self._err.decode("utf-8", "replace")
+
+    def exit_code(self) -> int | None:
+        return self._channel.exit_status if self._channel.exit_status_ready() else None
+
+    def close(self) -> None:
+        try:
+            self._channel.close()
+        finally:
+            self._release()
 
 
 _REGISTRY: dict[tuple[int, SSHTarget, SSHOptions], SSHTransport] = {}

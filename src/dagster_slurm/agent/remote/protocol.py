@@ -119,15 +119,31 @@ def handle_request(
     return {"protocol": PROTOCOL_VERSION, "results": results, "now": clock()}
 
 
-def main(stdin: Any = None, stdout: Any = None) -> int:
-    """Read one request from ``stdin``, write the response to ``stdout``, return the exit code."""
+def main(stdin: Any = None, stdout: Any = None, argv: Any = None) -> int:
+    """Answer one request (read to EOF), or with ``--serve`` one request per line until EOF.
+
+    Serve mode keeps one process per connection so that a request costs no interpreter
+    start: every line of standard input is a request and gets exactly one line of response,
+    flushed at once. The process ends when its standard input closes (the client closed the
+    stream or the SSH connection dropped). Returns the exit code.
+    """
     stdin = stdin if stdin is not None else sys.stdin.buffer
     stdout = stdout if stdout is not None else sys.stdout.buffer
+    argv = sys.argv[1:] if argv is None else argv
     _unwind_on_signals()
+    if "--serve" in argv:
+        for line in iter(stdin.readline, b""):
+            if line.strip():
+                _respond(line, stdout)
+        return EXIT_OK
+    return _respond(stdin.read(), stdout)
+
+
+def _respond(raw: bytes, stdout: Any) -> int:
     code = EXIT_OK
     try:
         try:
-            request = json.loads(stdin.read().decode("utf-8"))
+            request = json.loads(raw.decode("utf-8"))
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequest(f"request is not valid JSON: {exc}") from None
         response = handle_request(request)

@@ -1,0 +1,128 @@
+"""A small pool of long-lived agent processes (``--serve``), one request per line.
+
+A request over a pooled stream costs one exchange on an open SSH channel and no interpreter
+start on the login node. Guarantees:
+
+* At most ``max_streams`` agent processes per client; callers beyond that wait for a free
+  one (each stream holds one SSH channel while open).
+* A stream whose request failed or timed out is discarded, never reused: its state is
+  unknown. The error propagates; whether the request ran is unknown, as with one-shot execs.
+* :meth:`AgentStreamPool.close` ends every stream; each agent process exits when its
+  standard input closes, so none outlives the pool or the SSH connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from dagster_slurm.errors import TransportError
+from dagster_slurm.transport.base import Stream, Transport
+
+#: Returned by :meth:`AgentStreamPool.request` when the program is not installed yet.
+NOT_INSTALLED = object()
+
+
+class AgentStreamPool:
+    """Streams running ``argv`` (the agent in serve mode), shared by the client's callers."""
+
+    def __init__(
+        self, transport: Transport, argv: Sequence[str], *, not_installed_exit: int, max_streams: int = 2
+    ) -> None:
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be at least 1, got {max_streams}")
+        self.transport = transport
+        self.argv = list(argv)
+        self.not_installed_exit = not_installed_exit
+        self.max_streams = max_streams
+        self._cond = threading.Condition()
+        self._idle: list[Stream] = []
+        self._open = 0
+
+    def _take(self, timeout: float) -> Stream:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._idle and self._open >= self.max_streams:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._cond.wait(remaining):
+                    raise TransportError(
+                        f"no agent stream became free within {timeout:.0f} s "
+                        f"({self.max_streams} busy)"
+                    )
+            if self._idle:
+                return self._idle.pop()
+            self._open += 1
+        try:
+            return self.transport.open_stream(self.argv)
+        except BaseException:
+            self._discard(None)
+            raise
+
+    def _give_back(self, stream: Stream) -> None:
+        with self._cond:
+            self._idle.append(stream)
+            self._cond.notify()
+
+    def _discard(self, stream: Stream | None) -> None:
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - the stream is already broken
+                pass
+        with self._cond:
+            self._open -= 1
+            self._cond.notify()
+
+    def request(self, line: bytes, timeout: float) -> bytes | object:
+        """Send one request line; return the response line, or :data:`NOT_INSTALLED`."""
+        stream = self._take(timeout)
+        try:
+            stream.send(line)
+            answer = stream.readline(timeout)
+        except TransportError:
+            # A stream that exits at once (not installed) can close its input before we write.
+            if stream.exit_code() == self.not_installed_exit or _wait_exit(stream, 0.5) == (
+                self.not_installed_exit
+            ):
+                self._discard(stream)
+                return NOT_INSTALLED
+            self._discard(stream)
+            raise
+        except BaseException:
+            self._discard(stream)
+            raise
+        if answer:
+            self._give_back(stream)
+            return answer
+        # The process ended without answering: not installed, or it failed to start.
+        code = _wait_exit(stream)
+        stderr = stream.stderr_tail().strip()
+        self._discard(stream)
+        if code == self.not_installed_exit:
+            return NOT_INSTALLED
+        raise TransportError(
+            f"the cluster-side agent ended without answering (exit {code}): {stderr[-2000:]}"
+        )
+
+    def close(self) -> None:
+        """End every idle stream (busy ones end when their request returns and is discarded)."""
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for stream in idle:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - best effort on shutdown
+                pass
+
+
+def _wait_exit(stream: Stream, seconds: float = 5.0) -> int | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        code = stream.exit_code()
+        if code is not None:
+            return code
+        time.sleep(0.01)
+    return None
