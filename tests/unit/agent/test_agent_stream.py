@@ -46,7 +46,7 @@ def _parent(pid: int) -> int | None:
 
 def test_one_process_serves_many_requests(persistent: AgentClient, tmp_path: Path) -> None:
     doc = str(tmp_path / "doc.json")
-    for i in range(20):
+    for _ in range(20):
         assert persistent.run(txn_op(doc, doc + ".lock", [{"op": "incr", "path": "/n", "value": 1}],
                                      create={"schema_version": 1, "n": 0})).ok
     assert persistent.run(read_op(doc)).doc["n"] == 20
