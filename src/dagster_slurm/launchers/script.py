@@ -1,0 +1,125 @@
+"""Rendering job scripts from the templates in package data.
+
+Templates live in ``dagster_slurm/templates`` and use :class:`ScriptTemplate`
+placeholders, ``@@{name}``, so that the shell's own ``$`` needs no escaping. Values come
+in two kinds, kept apart by :func:`render_template`:
+
+* ``words``: data. A string becomes one shell word quoted with :func:`shlex.quote`; a
+  sequence becomes one quoted word per line (for a bash array ``(...)``). Nothing in such
+  a value is ever interpreted by the shell.
+* ``fragments``: text rendered from another template of this package (a prologue), put
+  in as is.
+
+Every placeholder of a template must receive a value and every value must be used, so a
+typo fails loudly instead of leaving a hole in a script.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import resources
+from string import Template
+
+from dagster_slurm.launchers.base import ExecutionPlan
+
+TEMPLATE_PACKAGE = "dagster_slurm"
+TEMPLATE_DIR = "templates"
+
+COMMON_TEMPLATE = "job_common.sh"
+"""The prologue every job script starts with: variables, signal handling, status files,
+job directory, environment and activation. It defines ``__ds_skip_if_signalled``,
+``__ds_run_payload`` and ``__ds_finish`` for the launcher's own part."""
+
+_LAUNCHER_NAME = re.compile(r"[a-z_]+")
+
+
+class ScriptTemplate(Template):
+    """A :class:`string.Template` whose placeholders read ``@@{name}`` (``$`` stays shell)."""
+
+    delimiter = "@@"
+
+
+@cache
+def load_template(name: str) -> ScriptTemplate:
+    """The template file ``name`` from package data."""
+    source = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR).joinpath(name)
+    return ScriptTemplate(source.read_text(encoding="utf-8"))
+
+
+def template_names(template: ScriptTemplate) -> frozenset[str]:
+    """The placeholder names used in ``template``."""
+    names = set()
+    for match in template.pattern.finditer(template.template):
+        name = match.group("named") or match.group("braced")
+        if name:
+            names.add(name)
+    return frozenset(names)
+
+
+def shell_word(value: str) -> str:
+    """``value`` as one shell word, quoted so that the shell takes it literally."""
+    if not isinstance(value, str):
+        raise TypeError(f"shell words must be strings, got {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError("shell words cannot contain NUL")
+    return shlex.quote(value)
+
+
+def shell_words(values: Sequence[str], indent: str = "    ") -> str:
+    """The contents of a bash array ``(...)``: one quoted word per line, or nothing."""
+    if not values:
+        return ""
+    return "".join(f"\n{indent}{shell_word(value)}" for value in values) + "\n"
+
+
+def render_template(
+    name: str,
+    words: Mapping[str, str | Sequence[str]],
+    fragments: Mapping[str, str] | None = None,
+) -> str:
+    """Fill the template ``name``: ``words`` quoted (see module docstring), ``fragments`` as is.
+
+    Raises :class:`KeyError` for a placeholder without a value and :class:`ValueError` for a
+    value the template does not use or a name given twice.
+    """
+    template = load_template(name)
+    fragments = dict(fragments or {})
+    both = set(words) & set(fragments)
+    if both:
+        raise ValueError(f"{name}: {sorted(both)} given both as words and as fragments")
+    values = dict(fragments)
+    for key, value in words.items():
+        values[key] = shell_word(value) if isinstance(value, str) else shell_words(value)
+    unused = set(values) - template_names(template)
+    if unused:
+        raise ValueError(f"{name}: values {sorted(unused)} are not used by the template")
+    return template.substitute(values)
+
+
+def render_prologue(plan: ExecutionPlan, *, launcher: str) -> str:
+    """The common start of every job script for ``plan`` (see :data:`COMMON_TEMPLATE`).
+
+    ``launcher`` names the launcher in the script's header comment (lowercase letters and
+    ``_`` only, as it lands in a comment).
+    """
+    if _LAUNCHER_NAME.fullmatch(launcher) is None:
+        raise ValueError(f"launcher name {launcher!r} must be lowercase letters and '_'")
+    assignments = [f"{key}={value}" for key, value in plan.env.items()]
+    return render_template(
+        COMMON_TEMPLATE,
+        {
+            "launcher": launcher,
+            "mode": plan.mode,
+            "job_dir": plan.job_dir,
+            "status_file": plan.status_file,
+            "drain_file": plan.drain_file,
+            "pid_file": plan.pid_file or "",
+            "drain_signal": plan.drain_signal_name,
+            "activation": plan.activation or "",
+            "env": assignments,
+            "payload": list(plan.payload),
+        },
+    )
