@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DAGSTER_SLURM_EXTRAS=${DAGSTER_SLURM_EXTRAS:-dev} bash scripts/bootstrap.sh
 .venv/bin/dagster-slurm dev-cluster up
-.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks examples docs
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

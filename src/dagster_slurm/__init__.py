@@ -26,11 +26,28 @@ _EXPORTS: dict[str, str] = {
     "CommandTimeout": "dagster_slurm.errors",
     "LockTimeout": "dagster_slurm.errors",
     "SchedulerError": "dagster_slurm.errors",
+    "ComputeResource": "dagster_slurm.compute.resource",
+    "SlurmAllocationScope": "dagster_slurm.compute.resource",
+    "BashLauncher": "dagster_slurm.launchers.bash",
+    "ComputeLauncher": "dagster_slurm.launchers.base",
+    "SlurmJobError": "dagster_slurm.compute.errors",
+    "SlurmJobNonZeroExit": "dagster_slurm.compute.errors",
+    "SlurmJobTimeout": "dagster_slurm.compute.errors",
+    "SlurmJobOutOfMemory": "dagster_slurm.compute.errors",
+    "SlurmNodeFailure": "dagster_slurm.compute.errors",
+    "SlurmJobCancelled": "dagster_slurm.compute.errors",
+    "SlurmJobPreempted": "dagster_slurm.compute.errors",
+    "SlurmJobUnschedulable": "dagster_slurm.compute.errors",
+    "SlurmJobLost": "dagster_slurm.compute.errors",
+    "SlurmSubmissionError": "dagster_slurm.compute.errors",
 }
 
 __all__ = [
+    "BashLauncher",
     "CommandFailed",
     "CommandTimeout",
+    "ComputeLauncher",
+    "ComputeResource",
     "ConfigurationError",
     "DagsterSlurmError",
     "HostKeyError",
@@ -39,13 +56,40 @@ __all__ = [
     "LockTimeout",
     "SSHConnectionResource",
     "SchedulerError",
+    "SlurmAllocationScope",
+    "SlurmJobCancelled",
+    "SlurmJobError",
+    "SlurmJobLost",
+    "SlurmJobNonZeroExit",
+    "SlurmJobOutOfMemory",
+    "SlurmJobPreempted",
+    "SlurmJobTimeout",
+    "SlurmJobUnschedulable",
+    "SlurmNodeFailure",
     "SlurmQueueConfig",
     "SlurmResource",
     "SlurmScheduler",
+    "SlurmSubmissionError",
     "TransportError",
 ]
 
 if TYPE_CHECKING:
+    from dagster_slurm.compute.errors import (
+        SlurmJobCancelled,
+        SlurmJobError,
+        SlurmJobLost,
+        SlurmJobNonZeroExit,
+        SlurmJobOutOfMemory,
+        SlurmJobPreempted,
+        SlurmJobTimeout,
+        SlurmJobUnschedulable,
+        SlurmNodeFailure,
+        SlurmSubmissionError,
+    )
+    from dagster_slurm.compute.resource import (
+        ComputeResource,
+        SlurmAllocationScope,
+    )
     from dagster_slurm.errors import (
         CommandFailed,
         CommandTimeout,
@@ -56,6 +100,8 @@ if TYPE_CHECKING:
         SchedulerError,
         TransportError,
     )
+    from dagster_slurm.launchers.base import ComputeLauncher
+    from dagster_slurm.launchers.bash import BashLauncher
     from dagster_slurm.resources.slurm import SlurmResource
     from dagster_slurm.resources.ssh import SSHConnectionResource
     from dagster_slurm.scheduler.client import SlurmScheduler

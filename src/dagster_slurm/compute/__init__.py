@@ -1,0 +1,1 @@
+"""``ComputeResource`` and the runners behind ``compute.run(...)`` (local and Slurm)."""

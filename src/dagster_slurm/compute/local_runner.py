@@ -1,0 +1,142 @@
+"""One ``compute.run`` in local mode: the same launcher script, run as a local subprocess.
+
+The launcher renders the same script as in Slurm mode (``mode="local"``); stdout and stderr
+go to files in the invocation directory and are tailed, with the Pipes messages, by the same
+reader as on a cluster, so an asset behaves the same on a laptop. Interruption ends the
+payload's whole process group (TERM, then KILL after ``kill_grace`` seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import PipesClientCompletedInvocation, open_pipes_session
+
+from dagster_slurm.compute.errors import JobOutcome
+from dagster_slurm.compute.metrics import from_local
+from dagster_slurm.compute.outcome import outcome_error
+from dagster_slurm.compute.paths import InvocationPaths, step_identity
+from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
+from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.pipes.reader import PipesTailMessageReader
+from dagster_slurm.pipes.sources import LocalFileSource
+from dagster_slurm.slurm.states import JobState
+
+
+def default_local_base() -> str:
+    """``$DAGSTER_SLURM_LOCAL_BASE`` or ``<tmp>/dagster-slurm-<uid>``."""
+    return os.environ.get("DAGSTER_SLURM_LOCAL_BASE") or os.path.join(
+        tempfile.gettempdir(), f"dagster-slurm-{os.getuid()}"
+    )
+
+
+class LocalRunner:
+    """Runs one payload as a local subprocess through Dagster Pipes."""
+
+    def __init__(self, base: str | None = None, *, poll_interval: float = 0.1, kill_grace: float = 10.0) -> None:
+        self.base = base or default_local_base()
+        self.poll_interval = poll_interval
+        self.kill_grace = kill_grace
+
+    def run(
+        self,
+        *,
+        context: Any,
+        payload_path: str,
+        launcher: ComputeLauncher,
+        extra_env: Mapping[str, str],
+        extras: Mapping[str, Any] | None,
+        activation: str | None,
+        defer_cleanup: bool,
+    ) -> PipesClientCompletedInvocation:
+        run_id, step_key = step_identity(context)
+        paths = InvocationPaths.create(self.base, run_id, step_key)
+        os.makedirs(paths.job_dir, exist_ok=True)
+        payload = payload_argv(payload_path, job_dir=paths.job_dir, python=sys.executable)
+        if payload.needs_upload:
+            assert payload.upload_from is not None and payload.upload_name is not None
+            with open(payload.upload_from, "rb") as src, open(paths.upload_target(payload.upload_name), "wb") as dst:
+                dst.write(src.read())
+        injector = PipesDeferredFileContextInjector(paths.context)
+        reader = PipesTailMessageReader(
+            LocalFileSource(), paths.messages, paths.stdout, paths.stderr,
+            poll_interval=self.poll_interval,
+        )
+        with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as session:
+            with open(paths.context, "wb") as handle:
+                handle.write(injector.payload)
+            plan = ExecutionPlan(
+                payload=payload.argv, job_dir=paths.job_dir, status_file=paths.status,
+                drain_file=paths.drain, mode="local", pid_file=paths.pid,
+                env={**session.get_bootstrap_env_vars(), **extra_env}, activation=activation,
+            )
+            with open(paths.script, "w") as handle:
+                handle.write(launcher.render(plan))
+            code, elapsed, cpu, rss, pid = self._execute(paths, context)
+        job_id = f"local-{pid}"
+        outcome = JobOutcome(job_id, None, code, reader.stdout_tail(), reader.stderr_tail())
+        state = JobState.COMPLETED if code == 0 else JobState.FAILED
+        error = outcome_error(state, outcome)
+        if not defer_cleanup:
+            _remove_tree(paths.job_dir)
+        if error is not None:
+            raise error
+        metrics = from_local(job_id, code, elapsed, cpu, rss)
+        return PipesClientCompletedInvocation(session, metadata=metrics.as_metadata())
+
+    def _execute(self, paths: InvocationPaths, context: Any) -> tuple[int, float, float, int, int]:
+        start = time.monotonic()
+        with open(paths.stdout, "wb") as out, open(paths.stderr, "wb") as err:
+            proc = subprocess.Popen(
+                ["bash", paths.script], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                cwd=paths.job_dir, start_new_session=True,
+            )
+        context.log.info(f"Started local payload process {proc.pid} in {paths.job_dir}")
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                time.sleep(0.02)
+        except BaseException:
+            _terminate_group(proc, self.kill_grace, paths.pid)
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return code, time.monotonic() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, proc.pid
+
+
+def _terminate_group(proc: subprocess.Popen, grace: float, pid_file: str) -> None:
+    """TERM the script's group (it forwards to the payload), then KILL both groups."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    groups = [proc.pid]
+    try:
+        with open(pid_file) as handle:
+            groups.append(int(handle.read().strip()))
+    except (OSError, ValueError):
+        pass
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,198 @@
+"""``ComputeResource``: run an asset's payload locally or on Slurm, through Dagster Pipes.
+
+Configuration only; the work is done by :class:`~dagster_slurm.compute.local_runner.LocalRunner`
+and :class:`~dagster_slurm.compute.slurm_runner.SlurmRunner`. Every argument of
+:meth:`ComputeResource.run` is checked before anything is submitted or started.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any, Literal
+
+from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from dagster_slurm.compute.options import sbatch_overrides
+from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
+from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.launchers.base import ComputeLauncher, validate_env
+from dagster_slurm.launchers.bash import BashLauncher
+from dagster_slurm.resources.slurm import SlurmResource
+
+
+class SlurmAllocationScope(str, Enum):
+    """Which Slurm allocation a step runs in: its own (``ASSET``) or the run's (``RUN``)."""
+
+    ASSET = "asset"
+    RUN = "run"
+
+
+class ComputeResource(ConfigurableResource):
+    """Runs payloads for assets: ``mode="local"`` as subprocesses, ``mode="slurm"`` as Slurm jobs.
+
+    The same asset code works in both modes: ``yield from compute.run(context=context,
+    payload_path="script.py").get_results()``.
+    """
+
+    mode: Literal["local", "slurm"] = Field(
+        default="local",
+        description="'local': run payloads as subprocesses here; 'slurm': submit them to the cluster.",
+    )
+    slurm: SlurmResource | None = Field(
+        default=None, description="The cluster and its queue defaults; required in slurm mode."
+    )
+    default_launcher: ComputeLauncher = Field(
+        default_factory=BashLauncher,
+        description="Launcher used when run() gets none (BashLauncher unless set).",
+    )
+    allocation_scope: SlurmAllocationScope = Field(
+        default=SlurmAllocationScope.ASSET,
+        description="'asset': one Slurm job per run() call. 'run': one allocation per Dagster run.",
+    )
+    pre_deployed_env_path: str | None = Field(
+        default=None,
+        description=(
+            "Directory on the cluster with an activate.sh or a venv (bin/activate), sourced "
+            "before the payload. None: pack the current environment and deploy it (cached)."
+        ),
+    )
+    auto_detect_platform: bool = Field(
+        default=True,
+        description="Detect the cluster's Python platform when packing the environment.",
+    )
+    env_packages: list[str] | None = Field(
+        default=None,
+        description=(
+            "Requirements to pack for the cluster instead of the whole current environment "
+            "(e.g. ['dagster-pipes', 'numpy==2.1.0']); None packs the current environment."
+        ),
+    )
+    fatal_pending_reasons: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_FATAL_REASONS),
+        description=(
+            "Pending reasons after which a job can never start as submitted, with advice; "
+            "such a job is cancelled and the step fails after pending_grace_seconds."
+        ),
+    )
+    pending_grace_seconds: float = Field(
+        default=10.0, description="How long a job may show a fatal pending reason before it fails."
+    )
+    pending_log_interval: float = Field(
+        default=30.0, description="Seconds between log lines while a job waits in the queue."
+    )
+    pipes_poll_interval: float = Field(
+        default=0.25, description="Seconds between reads of the payload's messages and output."
+    )
+    local_base_path: str | None = Field(
+        default=None,
+        description="Local directory for invocation files in local mode; None: a per-user temp dir.",
+    )
+
+    _activation_cache: dict[str, str | None] = PrivateAttr(default_factory=dict)
+
+    @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval")
+    @classmethod
+    def _non_negative(cls, value: float, info: Any) -> float:
+        if value < 0 or (info.field_name == "pipes_poll_interval" and value == 0):
+            raise ValueError(f"{info.field_name}={value!r}: must be positive")
+        return value
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> ComputeResource:
+        if self.mode == "slurm" and self.slurm is None:
+            raise ValueError("mode='slurm' needs slurm=SlurmResource(...)")
+        if self.pre_deployed_env_path is not None and not self.pre_deployed_env_path.startswith("/"):
+            raise ValueError(
+                f"pre_deployed_env_path={self.pre_deployed_env_path!r}: must be an absolute path on the cluster"
+            )
+        return self
+
+    # -- the API assets call ---------------------------------------------------------------
+    def run(
+        self,
+        context: Any,
+        payload_path: str,
+        launcher: ComputeLauncher | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        extras: Mapping[str, Any] | None = None,
+        extra_slurm_opts: Mapping[str, Any] | None = None,
+        defer_cleanup: bool = False,
+    ) -> PipesClientCompletedInvocation:
+        """Run ``payload_path`` for the current asset step and return the Pipes invocation.
+
+        ``payload_path``: a local ``.py``/``.sh`` file (uploaded to the job directory) or a
+        command such as ``python -m pkg.module``. ``launcher``: overrides
+        ``default_launcher``. ``extra_env``: variables exported for the payload.
+        ``extras``: reach the payload as ``context.extras``. ``extra_slurm_opts``: per-step
+        scheduler overrides (``nodes``, ``cpus_per_task``, ``mem``, ``gpus_per_node``,
+        ``time_limit``, ``partition``, ...; checked in both modes, used in slurm mode).
+        ``defer_cleanup``: keep the invocation's files until
+        :meth:`cleanup_deferred_run_dir`. Raises a
+        :class:`~dagster_slurm.compute.errors.SlurmJobError` subclass when the job fails.
+        """
+        launcher = launcher or self.default_launcher
+        if not isinstance(launcher, ComputeLauncher):
+            raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
+        env = validate_env(dict(extra_env or {}))
+        overrides = sbatch_overrides(extra_slurm_opts)
+        if not payload_path or not payload_path.strip():
+            raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        if self.allocation_scope is SlurmAllocationScope.RUN and self.mode == "slurm":
+            raise ConfigurationError(
+                "allocation_scope", "run", "run-scoped allocations are not available in this version"
+            )
+        if self.mode == "local":
+            from dagster_slurm.compute.local_runner import LocalRunner
+
+            return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1)).run(
+                context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
+                extras=extras, activation=None, defer_cleanup=defer_cleanup,
+            )
+        from dagster_slurm.compute.slurm_runner import PendingPolicy, SlurmRunner
+
+        assert self.slurm is not None
+        runner = SlurmRunner(
+            self.slurm,
+            PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval, self.pending_grace_seconds),
+            self._prepare_environment,
+            poll_interval=self.pipes_poll_interval,
+        )
+        return runner.run(
+            context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
+            extras=extras, overrides=overrides, defer_cleanup=defer_cleanup,
+        )
+
+    def cleanup_deferred_run_dir(self, context: Any) -> None:
+        """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step."""
+        from dagster_slurm.compute.paths import InvocationPaths, step_identity
+
+        run_id, step_key = step_identity(context)
+        if self.mode == "local":
+            from dagster_slurm.compute.local_runner import default_local_base
+
+            paths = InvocationPaths.create(self.local_base_path or default_local_base(), run_id, step_key)
+            shutil.rmtree(paths.step_dir, ignore_errors=True)
+            return
+        from dagster_slurm.agent import remove_op
+
+        assert self.slurm is not None
+        paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)
+        self.slurm.agent().run(remove_op(paths.step_dir, root=paths.base))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """End the cluster-side agent processes and the SSH connection of this process."""
+        if self.mode == "slurm" and self.slurm is not None:
+            self.slurm.close()
+
+    def _prepare_environment(self, context: Any) -> str | None:
+        key = f"{self.pre_deployed_env_path}|{self.env_packages}|{self.auto_detect_platform}"
+        if key not in self._activation_cache:
+            from dagster_slurm.compute.environment import activation_for
+
+            assert self.slurm is not None
+            self._activation_cache[key] = activation_for(self, context)
+        return self._activation_cache[key]

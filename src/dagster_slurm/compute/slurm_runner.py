@@ -1,0 +1,224 @@
+"""One ``compute.run`` in Slurm mode with asset scope: one job per invocation.
+
+Round trips: one to write every file and submit (script, Pipes context, uploaded payload,
+token record, sbatch), one per status poll (shared by all jobs of the process), one per
+Pipes tail poll (messages, stdout and stderr together), one for accounting and one for
+cleanup at the end. Interruption (run termination, KeyboardInterrupt) or any failure while
+waiting cancels the job before the error propagates, so no job is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dagster import PipesClientCompletedInvocation, open_pipes_session
+
+from dagster_slurm.agent import remove_op
+from dagster_slurm.compute.errors import (
+    JobOutcome,
+    SlurmJobLost,
+    SlurmJobUnschedulable,
+    SlurmSubmissionError,
+)
+from dagster_slurm.compute.metrics import from_sacct
+from dagster_slurm.compute.outcome import outcome_error
+from dagster_slurm.compute.paths import InvocationPaths, job_name_for, step_identity
+from dagster_slurm.compute.pending import explain_pending
+from dagster_slurm.errors import SchedulerError
+from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
+from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.pipes.reader import PipesTailMessageReader
+from dagster_slurm.pipes.sources import AgentFileSource
+from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler
+from dagster_slurm.scheduler.pacing import PollBackoff
+from dagster_slurm.scheduler.watcher import JobLost, JobWatcher
+from dagster_slurm.slurm.commands import SbatchSpec
+
+log = logging.getLogger("dagster_slurm.compute")
+
+_WATCHERS: dict[int, JobWatcher] = {}
+_WATCHERS_LOCK = threading.Lock()
+
+
+def shared_watcher(scheduler: SlurmScheduler) -> JobWatcher:
+    """One watcher per scheduler and process: one squeue per poll for all its jobs."""
+    with _WATCHERS_LOCK:
+        watcher = _WATCHERS.get(id(scheduler))
+        if watcher is None:
+            watcher = JobWatcher(scheduler, backoff=PollBackoff(initial=0.5, maximum=10.0))
+            _WATCHERS[id(scheduler)] = watcher
+        return watcher
+
+
+@dataclass(frozen=True)
+class PendingPolicy:
+    """How to report and judge a job waiting in the queue.
+
+    ``log_interval``: seconds between repeated "waiting" log lines (a changed reason is
+    logged at once). ``fatal_reasons``: reason -> advice; a job pending for one of them
+    longer than ``grace`` seconds is cancelled and fails with that advice.
+    """
+
+    fatal_reasons: Mapping[str, str]
+    log_interval: float = 30.0
+    grace: float = 10.0
+
+
+class _PendingTracker:
+    def __init__(
+        self, job_id: str, policy: PendingPolicy, emit: Callable[[str], None],
+        on_running: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.on_running = on_running
+        self.job_id = job_id
+        self.policy = policy
+        self.emit = emit
+        self._last_reason: str | None = None
+        self._last_log = float("-inf")
+        self._fatal_since: float | None = None
+        self._running_logged = False
+
+    def __call__(self, obs: JobObservation) -> None:
+        now = time.monotonic()
+        if obs.state is not None and obs.state.pending:
+            report = explain_pending(
+                self.job_id, obs.reason, obs.start_time,
+                fatal_reasons=self.policy.fatal_reasons, now=datetime.now(),
+            )
+            if obs.reason != self._last_reason or now - self._last_log >= self.policy.log_interval:
+                self.emit(report.message)
+                self._last_reason, self._last_log = obs.reason, now
+            if report.fatal:
+                self._fatal_since = self._fatal_since or now
+                if now - self._fatal_since >= self.policy.grace:
+                    raise SlurmJobUnschedulable(
+                        JobOutcome(self.job_id, obs.state.value, None, reason=obs.reason),
+                        f"pending with reason {obs.reason}: {report.advice}",
+                    )
+            else:
+                self._fatal_since = None
+        elif obs.state is not None and obs.state.active and not self._running_logged:
+            nodes = ",".join(obs.queue.nodes or ()) if obs.queue else ""
+            self.emit(f"Slurm job {self.job_id} is {obs.state.value}" + (f" on {nodes}" if nodes else ""))
+            self._running_logged = True
+            self.on_running()
+
+
+class SlurmRunner:
+    """Runs one payload as one Slurm job through Dagster Pipes."""
+
+    def __init__(
+        self,
+        slurm: SlurmResource,
+        pending: PendingPolicy,
+        prepare_env: Callable[[Any], str | None],
+        *,
+        poll_interval: float = 0.25,
+    ) -> None:
+        self.slurm = slurm
+        self.pending = pending
+        self.prepare_env = prepare_env
+        self.poll_interval = poll_interval
+
+    def run(
+        self,
+        *,
+        context: Any,
+        payload_path: str,
+        launcher: ComputeLauncher,
+        extra_env: Mapping[str, str],
+        extras: Mapping[str, Any] | None,
+        overrides: Mapping[str, Any],
+        defer_cleanup: bool,
+    ) -> PipesClientCompletedInvocation:
+        scheduler = self.slurm.scheduler()
+        agent = scheduler.agent
+        run_id, step_key = step_identity(context)
+        paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)
+        job_name = job_name_for(run_id, step_key)
+        payload = payload_argv(payload_path, job_dir=paths.job_dir)
+        spec = self.slurm.queue.to_sbatch_spec(
+            job_name, paths.script, output=paths.stdout, error=paths.stderr,
+            chdir=paths.job_dir, **overrides,
+        )  # validates every value before anything is sent
+        activation = self.prepare_env(context)
+        injector = PipesDeferredFileContextInjector(paths.context)
+        reader = PipesTailMessageReader(
+            AgentFileSource(agent), paths.messages, paths.stdout, paths.stderr,
+            poll_interval=self.poll_interval,
+        )
+        with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as session:
+            plan = ExecutionPlan(
+                payload=payload.argv, job_dir=paths.job_dir, status_file=paths.status,
+                drain_file=paths.drain, mode="slurm",
+                env={**session.get_bootstrap_env_vars(), **extra_env},
+                activation=activation, num_nodes=spec.num_nodes or 1,
+            )
+            files: dict[str, tuple[str | bytes, int]] = {
+                paths.script: (launcher.render(plan), 0o755),
+                paths.context: (injector.payload, 0o600),
+            }
+            if payload.needs_upload:
+                assert payload.upload_from is not None and payload.upload_name is not None
+                with open(payload.upload_from, "rb") as handle:
+                    files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o644)
+            job_id = self._submit(scheduler, spec, paths, files, context)
+            observation = self._wait(scheduler, job_id, job_name, paths, context, reader.wake)
+        outcome = JobOutcome(
+            job_id, observation.state.value if observation.state else None,
+            observation.exit_code, reader.stdout_tail(), reader.stderr_tail(),
+        )
+        record = scheduler.accounting([job_id]).get(job_id) if observation.state else None
+        metrics = from_sacct(job_id, record, observation.exit_code, outcome.state)
+        error = outcome_error(observation.state, outcome)
+        if not defer_cleanup:
+            agent.run(remove_op(paths.job_dir, root=paths.base))
+        if error is not None:
+            raise error
+        context.log.info(f"Slurm job {job_id} completed")
+        return PipesClientCompletedInvocation(session, metadata=metrics.as_metadata())
+
+    def _submit(self, scheduler: SlurmScheduler, spec: SbatchSpec, paths: InvocationPaths,
+                files: dict[str, tuple[str | bytes, int]], context: Any) -> str:
+        try:
+            job = scheduler.submit(spec, state_path=paths.record, files=files)
+        except SchedulerError as exc:
+            raise SlurmSubmissionError(str(exc)) from None
+        context.log.info(
+            f"Submitted Slurm job {job.job_id} ({spec.job_name}, partition "
+            f"{spec.partition or 'default'}, {spec.num_nodes or 1} node(s), time limit "
+            f"{spec.time_limit}); files in {paths.job_dir}"
+        )
+        return job.job_id
+
+    def _wait(self, scheduler: SlurmScheduler, job_id: str, job_name: str,
+              paths: InvocationPaths, context: Any, on_running: Callable[[], None]) -> JobObservation:
+        watcher = shared_watcher(scheduler)
+        watcher.track(job_id, job_name, status_file=paths.status)
+        tracker = _PendingTracker(job_id, self.pending, context.log.info, on_running)
+        try:
+            return watcher.wait(job_id, on_poll=tracker)
+        except JobLost as exc:
+            raise SlurmJobLost(JobOutcome(job_id, None, None), str(exc)) from None
+        except BaseException:
+            # Termination, KeyboardInterrupt, an unschedulable job or a broken link: the job
+            # must not outlive the step.
+            _cancel_quietly(scheduler, job_id, context)
+            raise
+        finally:
+            watcher.untrack(job_id)
+
+
+def _cancel_quietly(scheduler: SlurmScheduler, job_id: str, context: Any) -> None:
+    try:
+        scheduler.cancel([job_id])
+        context.log.warning(f"Cancelled Slurm job {job_id}")
+    except Exception as exc:  # noqa: BLE001 - the original error matters more
+        log.error("could not cancel Slurm job %s: %s; cancel it with scancel", job_id, exc)
