@@ -285,7 +285,9 @@ class SSHTransport:
     ) -> tuple[bytes, bytes, int]:
         try:
             if stdin:
-                channel.sendall(stdin)
+                # A memoryview: paramiko's sendall slices its argument after every packet,
+                # which copies a bytes object each time (quadratic for large uploads).
+                channel.sendall(memoryview(stdin))
             channel.shutdown_write()
             out = bytearray()
             err = bytearray()
@@ -348,7 +350,7 @@ class SSHStream:
 
     def send(self, data: bytes) -> None:
         try:
-            self._channel.sendall(data)
+            self._channel.sendall(memoryview(data))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(
                 f"stream to {self._owner.target.label} failed: {exc}; the request may or may "

@@ -1,0 +1,94 @@
+"""Shared helpers for the compute integration tests (payload scripts, resources, squeue)."""
+
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import dagster as dg
+
+from dagster_slurm import SlurmQueueConfig, SlurmResource
+from dagster_slurm.compute.resource import ComputeResource
+
+PAYLOAD_OK = """
+import sys
+from dagster_pipes import open_dagster_pipes
+with open_dagster_pipes() as pipes:
+    pipes.log.info(f"extras={pipes.extras}")
+    print("payload stdout")
+    print("payload stderr", file=sys.stderr)
+    pipes.report_asset_materialization(metadata={"rows": 42})
+"""
+
+
+def write_payload(directory: Path, name: str, body: str) -> str:
+    path = directory / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def slurm_resource(env: dict[str, str], **queue: object) -> SlurmResource:
+    queue.setdefault("partition", "cpu")
+    queue.setdefault("time_limit", "00:10:00")
+    queue.setdefault("mem", "500M")
+    queue.setdefault("cpus", 1)
+    return SlurmResource.from_env(environ=env, queue=SlurmQueueConfig(**queue))
+
+
+def compute(env: dict[str, str], mode: str = "slurm", **kwargs: object) -> ComputeResource:
+    if mode == "local":
+        return ComputeResource(mode="local")
+    if os.environ.get("DAGSTER_SLURM_TEST_ENV_PATH"):
+        kwargs.setdefault("pre_deployed_env_path", os.environ["DAGSTER_SLURM_TEST_ENV_PATH"])
+    else:
+        kwargs.setdefault("env_packages", ["dagster-pipes"])
+    slurm = kwargs.pop("slurm", None) or slurm_resource(env)
+    return ComputeResource(mode="slurm", slurm=slurm, **kwargs)
+
+
+def materialize_one(payload: str, resource: ComputeResource, *, raise_on_error: bool = True,
+                    extra_slurm_opts: dict | None = None, extra_env: dict | None = None,
+                    name: str = "payload_asset") -> dg.ExecuteInProcessResult:
+    @dg.asset(name=name)
+    def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):
+        yield from compute.run(
+            context=context, payload_path=payload, extras={"answer": 42},
+            extra_slurm_opts=extra_slurm_opts, extra_env=extra_env,
+        ).get_results()
+
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(
+        [_asset], resources={"compute": resource}, raise_on_error=raise_on_error, instance=instance
+    )
+    _INSTANCES[result.run_id] = instance
+    return result
+
+
+_INSTANCES: dict[str, dg.DagsterInstance] = {}
+
+
+def run_logs(result: dg.ExecuteInProcessResult) -> list[str]:
+    """Every user-facing log message of the run (context.log and Pipes logs)."""
+    instance = _INSTANCES[result.run_id]
+    return [entry.user_message for entry in instance.all_logs(result.run_id)]
+
+
+def squeue_names(env: dict[str, str], prefix: str = "dsl-") -> list[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%j|%T"], capture_output=True, text=True, check=True,
+        env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"},
+    ).stdout
+    return [line for line in out.splitlines() if line.startswith(prefix)]
+
+
+def step_failure(result: dg.ExecuteInProcessResult) -> str:
+    """The failed step's error text (class name and message)."""
+    events = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert events, "no step failed"
+    error = events[0].step_failure_data.error
+    text = []
+    while error is not None:
+        text.append(f"{error.cls_name}: {error.message}")
+        error = error.cause
+    return "\n".join(text)
