@@ -97,8 +97,20 @@ class SlurmResource(ConfigurableResource):
         """The cluster-side program's client used by :meth:`scheduler`."""
         return self.scheduler().agent
 
+    def close(self) -> None:
+        """End this process's cluster-side agent processes and SSH connection for these
+        settings; a later call reconnects."""
+        with _CACHE_LOCK:
+            cached = _CACHE.pop(self._key(), None)
+        if cached is not None:
+            cached[1].agent.close()
+        self.ssh.get_transport().close()
+
+    def _key(self) -> tuple:
+        return (os.getpid(), self.ssh.to_target(), self.ssh.to_options(), self.remote_base, self.python)
+
     def _runtime(self) -> tuple[str, SlurmScheduler]:
-        key = (os.getpid(), self.ssh.to_target(), self.ssh.to_options(), self.remote_base, self.python)
+        key = self._key()
         with _CACHE_LOCK:
             cached = _CACHE.get(key)
             if cached is not None:
