@@ -18,7 +18,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mkdocs.exceptions import PluginError
@@ -28,6 +28,9 @@ from pydantic import BaseModel
 REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.resources.ssh.SSHConnectionResource",
     "dagster_slurm.slurm.queue.SlurmQueueConfig",
+    "dagster_slurm.resources.slurm.SlurmResource",
+    "dagster_slurm.compute.resource.ComputeResource",
+    "dagster_slurm.launchers.bash.BashLauncher",
 )
 
 #: Page (relative to ``docs_dir``) that receives the reference.
@@ -35,6 +38,9 @@ REFERENCE_PAGE = "reference/configuration.md"
 
 #: Line of ``REFERENCE_PAGE`` replaced by the generated sections.
 MARKER = "<!-- configuration-reference -->"
+
+#: Longest default shown in full; a longer mapping is shown by its keys instead.
+MAX_DEFAULT_CHARS = 80
 
 _ROLE_WITH_TITLE = re.compile(r":[a-z]+:`([^`<]+?)\s*<[^`>]+>`")
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
@@ -111,7 +117,11 @@ def _default_value(field: Any) -> Any:
 
 
 def format_default(field: Any) -> str:
-    """The default of a pydantic field as Markdown; *required* when there is none."""
+    """The default of a pydantic field as Markdown; *required* when there is none.
+
+    A mapping whose text would be longer than ``MAX_DEFAULT_CHARS`` is summarised as its
+    number of entries and its keys, so that one table cell does not hold a page of text.
+    """
     if field.is_required():
         return "*required*"
     value = _default_value(field)
@@ -121,7 +131,11 @@ def format_default(field: Any) -> str:
         value = value.value
     if isinstance(value, BaseModel):
         return f"`{type(value).__name__}(...)`"
-    return f"`{value!r}`"
+    text = repr(value)
+    if isinstance(value, Mapping) and len(text) > MAX_DEFAULT_CHARS:
+        keys = ", ".join(f"`{key}`" for key in value)
+        return f"{len(value)} entries: {keys}"
+    return f"`{text}`"
 
 
 def escape_cell(text: str) -> str:

@@ -1,7 +1,10 @@
 """Typed failures of a compute invocation; each one says what happened and what to look at.
 
-All derive from :class:`SlurmJobError` (itself a :class:`~dagster_slurm.errors.DagsterSlurmError`),
-so an asset can catch one kind (``except SlurmJobTimeout``) or all of them.
+Job failures derive from :class:`SlurmJobError`; a submission sbatch refused is
+:class:`SlurmSubmissionError`. Both are :class:`~dagster_slurm.errors.DagsterSlurmError`, so an
+asset can catch one kind (``except SlurmJobTimeout``) or all of them. A failed job's files are
+kept in its job directory for debugging; a successful one's are removed unless
+``defer_cleanup`` is set.
 """
 
 from __future__ import annotations

@@ -81,11 +81,16 @@ class LocalRunner:
                 handle.write(launcher.render(plan))
             code, elapsed, cpu, rss, pid = self._execute(paths, context)
         job_id = f"local-{pid}"
-        outcome = JobOutcome(job_id, None, code, reader.stdout_tail(), reader.stderr_tail())
         state = JobState.COMPLETED if code == 0 else JobState.FAILED
+        outcome = JobOutcome(job_id, state.value, code, reader.stdout_tail(), reader.stderr_tail())
         error = outcome_error(state, outcome)
-        if not defer_cleanup:
+        if not defer_cleanup and error is None:
             _remove_tree(paths.job_dir)
+            for parent in (paths.step_dir, paths.run_dir):
+                try:
+                    os.rmdir(parent)
+                except OSError:
+                    break
         if error is not None:
             raise error
         metrics = from_local(job_id, code, elapsed, cpu, rss)

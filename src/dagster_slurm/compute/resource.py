@@ -146,6 +146,11 @@ class ComputeResource(ConfigurableResource):
             )
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import LocalRunner
+            from dagster_slurm.slurm.queue import SlurmQueueConfig
+
+            # The same checks as in slurm mode, so an asset that passes locally submits.
+            queue = self.slurm.queue if self.slurm is not None else SlurmQueueConfig()
+            queue.to_sbatch_spec("local-check", "/dev/null", **overrides)
 
             return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1)).run(
                 context=context, payload_path=payload_path, launcher=launcher, extra_env=env,

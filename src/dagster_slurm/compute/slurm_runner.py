@@ -19,7 +19,7 @@ from typing import Any
 
 from dagster import PipesClientCompletedInvocation, open_pipes_session
 
-from dagster_slurm.agent import remove_op
+from dagster_slurm.agent import exec_op, remove_op
 from dagster_slurm.compute.errors import (
     JobOutcome,
     SlurmJobLost,
@@ -36,7 +36,7 @@ from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import AgentFileSource
 from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler
+from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.scheduler.watcher import JobLost, JobWatcher
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -160,6 +160,7 @@ class SlurmRunner:
                 drain_file=paths.drain, mode="slurm",
                 env={**session.get_bootstrap_env_vars(), **extra_env},
                 activation=activation, num_nodes=spec.num_nodes or 1,
+                drain_signal=_drain_signal(self.slurm.queue.signal_before_timeout),
             )
             files: dict[str, tuple[str | bytes, int]] = {
                 paths.script: (launcher.render(plan), 0o755),
@@ -178,8 +179,12 @@ class SlurmRunner:
         record = scheduler.accounting([job_id]).get(job_id) if observation.state else None
         metrics = from_sacct(job_id, record, observation.exit_code, outcome.state)
         error = outcome_error(observation.state, outcome)
-        if not defer_cleanup:
-            agent.run(remove_op(paths.job_dir, root=paths.base))
+        if not defer_cleanup and error is None:
+            # A failed job's files are kept for debugging (its log says where they are).
+            with agent.batch() as batch:
+                removed = batch.add(remove_op(paths.job_dir, root=paths.base))
+                batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", paths.step_dir,
+                                   paths.run_dir]), requires=[removed])
         if error is not None:
             raise error
         context.log.info(f"Slurm job {job_id} completed")
@@ -187,10 +192,16 @@ class SlurmRunner:
 
     def _submit(self, scheduler: SlurmScheduler, spec: SbatchSpec, paths: InvocationPaths,
                 files: dict[str, tuple[str | bytes, int]], context: Any) -> str:
+        token = new_token()
         try:
-            job = scheduler.submit(spec, state_path=paths.record, files=files)
+            job = scheduler.submit(spec, state_path=paths.record, files=files, token=token)
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
+        except BaseException:
+            # Interrupted or disconnected mid-submission: the job may exist; find it by the
+            # token in its comment and cancel it, so nothing is left behind.
+            _cancel_by_token(scheduler, spec.job_name, token, context)
+            raise
         context.log.info(
             f"Submitted Slurm job {job.job_id} ({spec.job_name}, partition "
             f"{spec.partition or 'default'}, {spec.num_nodes or 1} node(s), time limit "
@@ -221,4 +232,27 @@ def _cancel_quietly(scheduler: SlurmScheduler, job_id: str, context: Any) -> Non
         scheduler.cancel([job_id])
         context.log.warning(f"Cancelled Slurm job {job_id}")
     except Exception as exc:  # noqa: BLE001 - the original error matters more
-        log.error("could not cancel Slurm job %s: %s; cancel it with scancel", job_id, exc)
+        message = f"could not cancel Slurm job {job_id}: {exc}; cancel it with `scancel {job_id}`"
+        log.error(message)
+        context.log.error(message)
+
+
+def _cancel_by_token(scheduler: SlurmScheduler, job_name: str, token: str, context: Any) -> None:
+    try:
+        snapshot = scheduler.status([job_name])
+    except Exception as exc:  # noqa: BLE001 - the original error matters more
+        context.log.error(
+            f"could not check whether the interrupted submission of {job_name} created a job "
+            f"({exc}); look for comment {token} with `squeue --name={job_name} -o '%i %k'`"
+        )
+        return
+    for job_id, record in snapshot.queue.items():
+        if record.comment == token and record.state.active:
+            _cancel_quietly(scheduler, job_id, context)
+
+
+def _drain_signal(spec: str | None) -> str | None:
+    """The signal name of a ``signal_before_timeout`` spec such as ``USR1@60`` (None: TERM)."""
+    if not spec:
+        return None
+    return spec.split(":")[-1].split("@")[0] or None

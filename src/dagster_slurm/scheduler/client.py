@@ -136,6 +136,11 @@ class StatusSnapshot:
         return JobObservation(job_id, None, exit_code=code)
 
 
+def new_token() -> str:
+    """A fresh submission token (carried as the job's comment)."""
+    return f"dslurm-{secrets.token_hex(8)}"
+
+
 def _parse_exit_code(data: str | None) -> int | None:
     if data is None:
         return None
@@ -176,7 +181,7 @@ class SlurmScheduler:
         whose answer was lost can be found again. Raises :class:`SchedulerError` with
         Slurm's message when sbatch rejects the job.
         """
-        token = token or f"dslurm-{secrets.token_hex(8)}"
+        token = token or new_token()
         spec = _with_comment(spec, token)
         self._submit_limit.acquire()
         with self.agent.batch() as batch:

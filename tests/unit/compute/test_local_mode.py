@@ -1,0 +1,68 @@
+"""ComputeResource in local mode, end to end through dagster.materialize (no cluster needed)."""
+
+import textwrap
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dagster_slurm import ComputeResource, SlurmJobNonZeroExit
+from dagster_slurm.compute.slurm_runner import _drain_signal
+from dagster_slurm.errors import ConfigurationError
+
+
+def _materialize(tmp_path: Path, body: str, **run_kwargs):
+    payload = tmp_path / "payload.py"
+    payload.write_text(textwrap.dedent(body))
+    base = tmp_path / "base"
+
+    @dg.asset
+    def thing(context: dg.AssetExecutionContext, compute: ComputeResource):
+        yield from compute.run(context=context, payload_path=str(payload), **run_kwargs).get_results()
+
+    resource = ComputeResource(mode="local", local_base_path=str(base))
+    return dg.materialize([thing], resources={"compute": resource}, raise_on_error=False), base
+
+
+OK = """
+from dagster_pipes import open_dagster_pipes
+with open_dagster_pipes() as pipes:
+    pipes.report_asset_materialization(metadata={"rows": 3})
+"""
+
+
+def test_local_run_reports_metadata_and_cleans_up(tmp_path):
+    result, base = _materialize(tmp_path, OK)
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    assert event.materialization.metadata["rows"].value == 3
+    assert event.materialization.metadata["dagster_slurm/mode"].value == "local"
+    assert not any((base / "runs").iterdir()), "a successful run leaves no files behind"
+
+
+def test_failed_local_run_keeps_its_files_and_names_the_state(tmp_path):
+    result, base = _materialize(tmp_path, "import sys; print('boom', file=sys.stderr); sys.exit(4)\n")
+    assert not result.success
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    text = failures[0].step_failure_data.error.cause.message
+    assert "state FAILED" in text and "exit code 4" in text and "boom" in text
+    (job_dir,) = [p for p in (base / "runs").rglob("stderr.log")]
+    assert "boom" in job_dir.read_text()
+
+
+@pytest.mark.parametrize("opts", [{"mem": "lots"}, {"cpus_per_task": -3}, {"time_limit": "-5"}])
+def test_local_mode_checks_slurm_option_values_too(tmp_path, opts):
+    result, _ = _materialize(tmp_path, OK, extra_slurm_opts=opts)
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "ConfigurationError" in failures[0].step_failure_data.error.cause.cls_name
+
+
+def test_drain_signal_from_signal_before_timeout():
+    assert _drain_signal(None) is None
+    assert _drain_signal("USR1@60") == "USR1"
+    assert _drain_signal("B:TERM@120") == "TERM"
+
+
+def test_error_types_are_exported():
+    assert issubclass(SlurmJobNonZeroExit, Exception)
+    assert issubclass(ConfigurationError, ValueError)
