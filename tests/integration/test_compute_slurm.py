@@ -168,7 +168,10 @@ def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster
         thread = threading.Thread(target=lambda: logs.append(
             materialize_one(payload, compute(env, pending_log_interval=1.0))))
         thread.start()
-        time.sleep(6)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("PENDING" in r for r in squeue_names(env)):
+            time.sleep(0.3)
+        time.sleep(3)  # a few polls while it waits
         subprocess.run(["scancel", blocker], env=conf)
         thread.join(120)
         result = logs[0]
