@@ -40,6 +40,8 @@ _EXPORTS: dict[str, str] = {
     "SlurmJobUnschedulable": "dagster_slurm.compute.errors",
     "SlurmJobLost": "dagster_slurm.compute.errors",
     "SlurmSubmissionError": "dagster_slurm.compute.errors",
+    "RayLauncher": "dagster_slurm.launchers.ray",
+    "RayPortConfig": "dagster_slurm.launchers.ray_ports",
 }
 
 __all__ = [
@@ -54,6 +56,8 @@ __all__ = [
     "JobState",
     "JobWatcher",
     "LockTimeout",
+    "RayLauncher",
+    "RayPortConfig",
     "SSHConnectionResource",
     "SchedulerError",
     "SlurmAllocationScope",
@@ -102,6 +106,8 @@ if TYPE_CHECKING:
     )
     from dagster_slurm.launchers.base import ComputeLauncher
     from dagster_slurm.launchers.bash import BashLauncher
+    from dagster_slurm.launchers.ray import RayLauncher
+    from dagster_slurm.launchers.ray_ports import RayPortConfig
     from dagster_slurm.resources.slurm import SlurmResource
     from dagster_slurm.resources.ssh import SSHConnectionResource
     from dagster_slurm.scheduler.client import SlurmScheduler

@@ -315,3 +315,35 @@ def test_slurm_resource_queue_partition_override(env, tmp_path):
     result = materialize_one(payload, resource)
     (event,) = result.get_asset_materialization_events()
     assert event.materialization.metadata["dagster_slurm/nodes"].value in ("g1", "g2", None)
+
+
+def test_a_finished_run_does_not_close_the_connection_under_a_concurrent_one(env, tmp_path):
+    """Teardown is reference-counted per process: runs in threads share one connection."""
+    quick = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
+    slow = write_payload(tmp_path, "slow.py", """
+        import time
+        from dagster_pipes import open_dagster_pipes
+        with open_dagster_pipes() as pipes:
+            time.sleep(6)
+            pipes.log.info("slow payload done")
+    """)
+    results = {}
+    resource = compute(env)
+    transport = resource.slurm.ssh.get_transport()
+    transport.close()
+    logins_before = transport.stats.connects
+    threads = [
+        threading.Thread(target=lambda: results.__setitem__("slow", materialize_one(
+            slow, resource, raise_on_error=False, name="slow_asset"))),
+        threading.Thread(target=lambda: (time.sleep(1), results.__setitem__("quick", materialize_one(
+            quick, resource, raise_on_error=False, name="quick_asset")))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results["quick"].success
+    assert results["slow"].success, step_failure(results["slow"])
+    assert transport.stats.connects - logins_before == 1, (
+        "the quick run's teardown closed the connection the slow run was using"
+    )

@@ -111,6 +111,81 @@ def test_reference_has_every_field_of_ssh_connection_resource(build: Build) -> N
         assert " ".join(field.description.split()) in section, name
 
 
+def _public_config_classes() -> dict[str, type]:
+    """Public classes of the package that carry configuration: pydantic models with fields."""
+    import dagster_slurm
+
+    found = {}
+    for name in dagster_slurm.__all__:
+        value = getattr(dagster_slurm, name)
+        if isinstance(value, type) and issubclass(value, BaseModel) and value.model_fields:
+            found[f"{value.__module__}.{value.__qualname__}"] = value
+    return found
+
+
+def test_reference_lists_every_public_configuration_class() -> None:
+    hook = _load_hook()
+    public = _public_config_classes()
+    for path in (
+        "dagster_slurm.resources.ssh.SSHConnectionResource",
+        "dagster_slurm.slurm.queue.SlurmQueueConfig",
+        "dagster_slurm.resources.slurm.SlurmResource",
+        "dagster_slurm.compute.resource.ComputeResource",
+        "dagster_slurm.launchers.bash.BashLauncher",
+    ):
+        assert path in public, f"{path} is no longer exported by dagster_slurm"
+    missing = sorted(set(public) - set(hook.REFERENCE_CLASSES))
+    assert not missing, f"add to REFERENCE_CLASSES in {HOOK.name}: {missing}"
+
+
+def test_reference_summarises_long_mapping_defaults(build: Build) -> None:
+    from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
+
+    section = html.unescape(_section(build.reference(), "computeresource"))
+    assert f"{len(DEFAULT_FATAL_REASONS)} entries:" in section
+    for reason, advice in DEFAULT_FATAL_REASONS.items():
+        assert reason in section, reason
+        assert advice not in section, "the advice texts belong on the modes page, not in a cell"
+
+
+def _page(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def test_modes_page_names_every_error_key_and_reason() -> None:
+    """The modes page lists what the code defines; a new error, key or reason needs a line."""
+    from dagster_slurm.compute import errors
+    from dagster_slurm.compute.metrics import METADATA_KEYS
+    from dagster_slurm.compute.options import OPTION_FIELDS
+    from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
+    from dagster_slurm.errors import DagsterSlurmError
+
+    page = _page("modes.md")
+    error_classes = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type)
+        and issubclass(value, DagsterSlurmError)
+        and value.__module__ == errors.__name__
+        and value is not errors.SlurmJobError
+    ]
+    assert error_classes
+    names = [cls.__name__ for cls in error_classes]
+    names += list(METADATA_KEYS) + list(OPTION_FIELDS) + list(DEFAULT_FATAL_REASONS)
+    missing = [name for name in names if f"`{name}`" not in page]
+    assert not missing, f"docs/modes.md does not mention: {missing}"
+
+
+def test_launchers_page_lists_the_exit_codes_of_the_job_script() -> None:
+    template_path = ROOT / "src" / "dagster_slurm" / "templates" / "job_common.sh"
+    template = template_path.read_text(encoding="utf-8")
+    codes = set(re.findall(r"__ds_finish (12[0-9])\b", template))
+    assert codes, "no fixed exit codes found in job_common.sh"
+    page = _page("launchers.md")
+    missing = sorted(code for code in codes if f"| {code} |" not in page)
+    assert not missing, f"docs/launchers.md does not list the exit codes {missing}"
+
+
 def test_an_unimportable_class_fails_the_build() -> None:
     hook = _load_hook()
     with pytest.raises(hook.PluginError, match="cannot import module 'dagster_slurm.not_here'"):
@@ -132,6 +207,23 @@ class _Undocumented(BaseModel):
     """A model with a field that has no description."""
 
     size: int = 1
+
+
+class _LongDefault(BaseModel):
+    """A model with a mapping default too long for one cell."""
+
+    limits: dict[str, str] = Field(
+        default_factory=lambda: {f"key{i}": "x" * 20 for i in range(5)}, description="Limits."
+    )
+    short: dict[str, int] = Field(default_factory=lambda: {"a": 1}, description="Short.")
+
+
+def test_renderer_summarises_long_mapping_defaults() -> None:
+    hook = _load_hook()
+    text = hook.render_class("tests.LongDefault", _LongDefault, ["_LongDefault"])
+    keys = ", ".join(f"`key{i}`" for i in range(5))
+    assert f"| `limits` | `dict[str, str]` | 5 entries: {keys} | Limits. |" in text
+    assert "| `short` | `dict[str, int]` | `{'a': 1}` | Short. |" in text
 
 
 def test_renderer_formats_fields_and_refuses_missing_descriptions() -> None:

@@ -188,10 +188,16 @@ class ComputeResource(ConfigurableResource):
         self.slurm.agent().run(remove_op(paths.step_dir, root=paths.base))
 
     # -- lifecycle -------------------------------------------------------------------------
-    def teardown_after_execution(self, context: InitResourceContext) -> None:
-        """End the cluster-side agent processes and the SSH connection of this process."""
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        """Register this run as a user of the process's cluster connection."""
         if self.mode == "slurm" and self.slurm is not None:
-            self.slurm.close()
+            self.slurm.acquire()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """The last run of this process using the cluster ends the cluster-side agent
+        processes and the SSH connection (nothing of the library stays on the login node)."""
+        if self.mode == "slurm" and self.slurm is not None:
+            self.slurm.release()
 
     def _prepare_environment(self, context: Any) -> str | None:
         key = f"{self.pre_deployed_env_path}|{self.env_packages}|{self.auto_detect_platform}"

@@ -19,6 +19,8 @@ from dagster_slurm.launchers.base import (
     validate_env,
 )
 from dagster_slurm.launchers.bash import BashLauncher, resolve_launcher
+from dagster_slurm.launchers.ray import RayLauncher
+from dagster_slurm.launchers.ray_ports import RayPortConfig
 
 __all__ = [
     "CANCEL_SIGNALS",
@@ -28,6 +30,8 @@ __all__ = [
     "ComputeLauncher",
     "ExecutionMode",
     "ExecutionPlan",
+    "RayLauncher",
+    "RayPortConfig",
     "PayloadSpec",
     "normalize_drain_signal",
     "payload_argv",

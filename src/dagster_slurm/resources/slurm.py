@@ -22,6 +22,7 @@ from dagster_slurm.scheduler.client import SlurmScheduler
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 
 _CACHE: dict[tuple, tuple[str, SlurmScheduler]] = {}
+_USERS: dict[tuple, int] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -97,9 +98,28 @@ class SlurmResource(ConfigurableResource):
         """The cluster-side program's client used by :meth:`scheduler`."""
         return self.scheduler().agent
 
+    def acquire(self) -> None:
+        """Count one user of this process's connection (see :meth:`release`)."""
+        with _CACHE_LOCK:
+            _USERS[self._key()] = _USERS.get(self._key(), 0) + 1
+
+    def release(self) -> None:
+        r"""Drop one user; the last one :meth:`close`\ s the connection and agent processes.
+
+        Runs of one process (threads of an in-process executor, or sequential runs) share
+        the connection, so a run's teardown must not close it under another run.
+        """
+        with _CACHE_LOCK:
+            left = _USERS.get(self._key(), 0) - 1
+            if left > 0:
+                _USERS[self._key()] = left
+                return
+            _USERS.pop(self._key(), None)
+        self.close()
+
     def close(self) -> None:
         """End this process's cluster-side agent processes and SSH connection for these
-        settings; a later call reconnects."""
+        settings now, whoever else uses them; a later call reconnects."""
         with _CACHE_LOCK:
             cached = _CACHE.pop(self._key(), None)
         if cached is not None:
