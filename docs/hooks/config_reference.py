@@ -31,6 +31,8 @@ REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.resources.slurm.SlurmResource",
     "dagster_slurm.compute.resource.ComputeResource",
     "dagster_slurm.launchers.bash.BashLauncher",
+    "dagster_slurm.launchers.ray.RayLauncher",
+    "dagster_slurm.launchers.ray_ports.RayPortConfig",
 )
 
 #: Page (relative to ``docs_dir``) that receives the reference.
