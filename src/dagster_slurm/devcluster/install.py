@@ -26,6 +26,10 @@ REQUIRED_PACKAGES: dict[str, tuple[str, ...]] = {
     "openssh-server": ("sshd", "ssh-keygen"),
     "python3": ("/usr/bin/python3",),
     "python3-venv": (),
+    # Compute-node tools the launchers and tests rely on (port checks, process listings).
+    "iproute2": ("ss", "ip"),
+    "procps": ("ps", "pgrep"),
+    "util-linux": ("flock", "unshare", "nsenter", "setsid"),
 }
 
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")
