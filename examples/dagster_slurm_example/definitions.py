@@ -1,12 +1,14 @@
 """Assets that run through ComputeResource, locally or on Slurm, configured from env vars."""
 
 
+import importlib.metadata
+import importlib.util
 import os
 from pathlib import Path
 
 import dagster as dg
 
-from dagster_slurm import ComputeResource, SlurmQueueConfig, SlurmResource
+from dagster_slurm import ComputeResource, RayLauncher, SlurmQueueConfig, SlurmResource
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
@@ -27,6 +29,16 @@ def squares(context: dg.AssetExecutionContext, compute: ComputeResource):
     ).get_results()
 
 
+@dg.asset(description="Runs a Ray payload on a Ray cluster started for it (needs the ray extra).")
+def ray_sum(context: dg.AssetExecutionContext, compute: ComputeResource):
+    yield from compute.run(
+        context=context,
+        payload_path=str(PAYLOADS / "ray_sum.py"),
+        launcher=RayLauncher(include_dashboard=False),
+        extra_slurm_opts={"nodes": 2, "mem": "2500M"},
+    ).get_results()
+
+
 def compute_resource() -> ComputeResource:
     """Local mode unless DAGSTER_SLURM_MODE=slurm (then the SLURM_EDGE_NODE_* variables)."""
     mode = os.environ.get("DAGSTER_SLURM_MODE", "local")
@@ -39,12 +51,19 @@ def compute_resource() -> ComputeResource:
         mem="500M",
     )
     env_path = os.environ.get("DAGSTER_SLURM_ENV_PATH") or None
+    packages = ["dagster-pipes"]
+    if RAY_AVAILABLE:
+        packages.append(f"ray[default]=={importlib.metadata.version('ray')}")
     return ComputeResource(
         mode="slurm",
         slurm=SlurmResource.from_env(queue=queue),
         pre_deployed_env_path=env_path,
-        env_packages=None if env_path else ["dagster-pipes"],
+        env_packages=None if env_path else packages,
     )
 
 
-defs = dg.Definitions(assets=[shell_report, squares], resources={"compute": compute_resource()})
+#: The Ray asset is part of the project where ray is installed (pip install "dagster-slurm[ray]").
+RAY_AVAILABLE = importlib.util.find_spec("ray") is not None
+ASSETS = [shell_report, squares, *([ray_sum] if RAY_AVAILABLE else [])]
+
+defs = dg.Definitions(assets=ASSETS, resources={"compute": compute_resource()})

@@ -153,6 +153,9 @@ def test_two_node_cpu_cluster(env, tmp_path, capfd):
     out, err = capfd.readouterr()
     assert "Ray head node web UI: http://127.0.1.1:" in out
     assert "ssh -L 8265:127.0.1.1:" in out
+    logs = run_logs(result)
+    assert any(line.startswith("Ray head node web UI: http://127.0.1.1:") for line in logs), logs
+    assert any("ssh -L 8265:127.0.1.1:" in line for line in logs)
     assert "all 2 Ray node(s) joined" in err
     assert_cleaned_up(env, job_id_of(result))
 

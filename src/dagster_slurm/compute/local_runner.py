@@ -23,6 +23,7 @@ from dagster_slurm.compute.errors import JobOutcome
 from dagster_slurm.compute.metrics import from_local
 from dagster_slurm.compute.outcome import outcome_error
 from dagster_slurm.compute.paths import InvocationPaths, step_identity
+from dagster_slurm.compute.slurm_runner import notable_stdout_sink
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
@@ -67,7 +68,7 @@ class LocalRunner:
         injector = PipesDeferredFileContextInjector(paths.context)
         reader = PipesTailMessageReader(
             LocalFileSource(), paths.messages, paths.stdout, paths.stderr,
-            poll_interval=self.poll_interval,
+            poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context),
         )
         with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as session:
             with open(paths.context, "wb") as handle:
@@ -75,7 +76,8 @@ class LocalRunner:
             plan = ExecutionPlan(
                 payload=payload.argv, job_dir=paths.job_dir, status_file=paths.status,
                 drain_file=paths.drain, mode="local", pid_file=paths.pid,
-                env={**session.get_bootstrap_env_vars(), **extra_env}, activation=activation,
+                env={**_current_environment_path(), **session.get_bootstrap_env_vars(), **extra_env},
+                activation=activation,
             )
             with open(paths.script, "w") as handle:
                 handle.write(launcher.render(plan))
@@ -116,6 +118,14 @@ class LocalRunner:
         proc.returncode = os.waitstatus_to_exitcode(status)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return code, time.monotonic() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, proc.pid
+
+
+def _current_environment_path() -> dict[str, str]:
+    """PATH with this interpreter's ``bin`` first: local payloads (and tools such as ``ray``)
+    run in the Python environment Dagster runs in, activated or not."""
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    return {"PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}"}
 
 
 def _terminate_group(proc: subprocess.Popen, grace: float, pid_file: str) -> None:

@@ -10,6 +10,7 @@ waiting cancels the job before the error propagates, so no job is left behind.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -152,7 +153,7 @@ class SlurmRunner:
         injector = PipesDeferredFileContextInjector(paths.context)
         reader = PipesTailMessageReader(
             AgentFileSource(agent), paths.messages, paths.stdout, paths.stderr,
-            poll_interval=self.poll_interval,
+            poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context),
         )
         with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as session:
             plan = ExecutionPlan(
@@ -225,6 +226,22 @@ class SlurmRunner:
             raise
         finally:
             watcher.untrack(job_id)
+
+
+#: Launcher output lines that also go to the Dagster log (not only to the compute logs).
+NOTABLE_PREFIXES = ("Ray head node web UI:", "To reach it from your machine:")
+
+
+def notable_stdout_sink(context: Any) -> Callable[[str], None]:
+    """A stdout sink that writes every line to this process's stdout (Dagster's compute
+    logs) and also logs the launcher's notable lines, such as the Ray dashboard URL."""
+
+    def sink(line: str) -> None:
+        sys.stdout.write(line if line.endswith("\n") else line + "\n")
+        if line.startswith(NOTABLE_PREFIXES):
+            context.log.info(line.rstrip("\n"))
+
+    return sink
 
 
 def _cancel_quietly(scheduler: SlurmScheduler, job_id: str, context: Any) -> None:

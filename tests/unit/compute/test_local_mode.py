@@ -66,3 +66,18 @@ def test_drain_signal_from_signal_before_timeout():
 def test_error_types_are_exported():
     assert issubclass(SlurmJobNonZeroExit, Exception)
     assert issubclass(ConfigurationError, ValueError)
+
+
+def test_local_payload_runs_in_this_python_environment(tmp_path):
+    import sys
+
+    result, _ = _materialize(tmp_path, """
+        import os, sys
+        from dagster_pipes import open_dagster_pipes
+        with open_dagster_pipes() as pipes:
+            pipes.report_asset_materialization(metadata={
+                "path0": os.environ["PATH"].split(os.pathsep)[0], "python": sys.executable})
+    """)
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    assert event.materialization.metadata["path0"].value == str(Path(sys.executable).parent)
