@@ -283,12 +283,14 @@ def test_worker_that_never_joins_fails_at_the_startup_timeout(env, tmp_path):
 @pytest.mark.parametrize("strategy", ["hash_jobid", "fixed"])
 def test_other_port_strategies(env, tmp_path, strategy):
     payload = write_payload(tmp_path, "ray_cluster.py", CLUSTER_PAYLOAD)
-    config = RayPortConfig(range_start=40000, range_end=44999, block_size=500)
+    # A range of its own, below Linux's ephemeral ports (32768+): hash_jobid does not check
+    # that its block is free, and outgoing connections take local ports from that range.
+    config = RayPortConfig(range_start=30000, range_end=32499, block_size=500)
     launcher = RayLauncher(
         port_strategy=strategy,
         port_config=config,
         include_dashboard=False,
-        ray_port=46379 if strategy == "fixed" else None,
+        ray_port=32379 if strategy == "fixed" else None,
     )
     result = materialize_one(
         payload, ray_compute(env, launcher), extra_slurm_opts={"nodes": 2}, name=f"ray_{strategy}"
@@ -298,7 +300,7 @@ def test_other_port_strategies(env, tmp_path, strategy):
     assert metadata["ray_nodes"] == 2
     job_id = job_id_of(result)
     if strategy == "fixed":
-        expected = 46379
+        expected = 32379
     else:
         expected = config.block_base(hash_block_index(job_id, 0, config.block_count))
     assert metadata["ray_address"] == f"127.0.1.1:{expected}"

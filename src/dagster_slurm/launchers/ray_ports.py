@@ -17,7 +17,7 @@ dashboard agent (HTTP)  4       ``--dashboard-agent-listen-port``
 dashboard agent (gRPC)  5       ``--dashboard-agent-grpc-port``
 metrics export          6       ``--metrics-export-port``
 runtime env agent       7       ``--runtime-env-agent-port``
-Ray client (head only)  8       ``--ray-client-server-port``
+Ray client              8       ``--ray-client-server-port``
 workers                 10..    ``--min-worker-port`` .. ``--max-worker-port`` (rest of the block)
 ======================  ======  ====================================================
 

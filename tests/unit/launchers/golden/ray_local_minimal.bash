@@ -553,10 +553,12 @@ __ds_ray_node_main() {
         "--metrics-export-port=$(__ds_ray_port "$base" metrics_export)"
         "--runtime-env-agent-port=$(__ds_ray_port "$base" runtime_env_agent)"
         "--min-worker-port=$(__ds_ray_port "$base" min_worker)"
-        "--max-worker-port=$(( base + __ds_ray_block_size - 1 ))")
+        "--max-worker-port=$(( base + __ds_ray_block_size - 1 ))"
+        # Workers too: ray start checks its default (10001) against the other ports even
+        # where no client server runs, which fails when the block starts at 10000.
+        "--ray-client-server-port=$(__ds_ray_port "$base" client_server)")
     if [ "$role" = head ]; then
         args+=(--head "--port=$gcs"
-            "--ray-client-server-port=$(__ds_ray_port "$base" client_server)"
             '--resources={"dagster_slurm_head": 1}')
         if [ -n "$__ds_ray_include_dashboard" ]; then
             args+=(--include-dashboard=true --dashboard-host=0.0.0.0 "--dashboard-port=$dashboard")
