@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.compute.options import sbatch_overrides
 from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
@@ -90,8 +90,6 @@ class ComputeResource(ConfigurableResource):
         default=None,
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
     )
-
-    _activation_cache: dict[str, str | None] = PrivateAttr(default_factory=dict)
 
     @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval")
     @classmethod
@@ -200,10 +198,8 @@ class ComputeResource(ConfigurableResource):
             self.slurm.release()
 
     def _prepare_environment(self, context: Any) -> str | None:
-        key = f"{self.pre_deployed_env_path}|{self.env_packages}|{self.auto_detect_platform}"
-        if key not in self._activation_cache:
-            from dagster_slurm.compute.environment import activation_for
+        """The activation script on the cluster; prepared once per process and settings
+        (:func:`dagster_slurm.environment.prepare_environment` caches it)."""
+        from dagster_slurm.compute.environment import activation_for
 
-            assert self.slurm is not None
-            self._activation_cache[key] = activation_for(self, context)
-        return self._activation_cache[key]
+        return activation_for(self, context)
