@@ -33,6 +33,8 @@ REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.launchers.bash.BashLauncher",
     "dagster_slurm.launchers.ray.RayLauncher",
     "dagster_slurm.launchers.ray_ports.RayPortConfig",
+    "dagster_slurm.session.config.SlurmRunAllocationConfig",
+    "dagster_slurm.session.resource.SlurmSessionResource",
 )
 
 #: Page (relative to ``docs_dir``) that receives the reference.

@@ -42,6 +42,16 @@ _EXPORTS: dict[str, str] = {
     "SlurmSubmissionError": "dagster_slurm.compute.errors",
     "RayLauncher": "dagster_slurm.launchers.ray",
     "RayPortConfig": "dagster_slurm.launchers.ray_ports",
+    "SlurmRunAllocationConfig": "dagster_slurm.session.config",
+    "SlurmSessionResource": "dagster_slurm.session.resource",
+    "RunSession": "dagster_slurm.session.session",
+    "SlurmAllocation": "dagster_slurm.session.allocation",
+    "SlurmStepExecutionResult": "dagster_slurm.session.errors",
+    "SlurmAllocationEnded": "dagster_slurm.session.errors",
+    "SlurmStepDrained": "dagster_slurm.session.errors",
+    "SlurmStepFailed": "dagster_slurm.session.errors",
+    "reconcile_orphaned_slurm_runs": "dagster_slurm.session.orphans",
+    "build_slurm_orphan_reconcile_sensor": "dagster_slurm.session.orphans",
 }
 
 __all__ = [
@@ -58,8 +68,11 @@ __all__ = [
     "LockTimeout",
     "RayLauncher",
     "RayPortConfig",
+    "RunSession",
     "SSHConnectionResource",
     "SchedulerError",
+    "SlurmAllocation",
+    "SlurmAllocationEnded",
     "SlurmAllocationScope",
     "SlurmJobCancelled",
     "SlurmJobError",
@@ -72,9 +85,16 @@ __all__ = [
     "SlurmNodeFailure",
     "SlurmQueueConfig",
     "SlurmResource",
+    "SlurmRunAllocationConfig",
     "SlurmScheduler",
+    "SlurmSessionResource",
+    "SlurmStepDrained",
+    "SlurmStepExecutionResult",
+    "SlurmStepFailed",
     "SlurmSubmissionError",
     "TransportError",
+    "build_slurm_orphan_reconcile_sensor",
+    "reconcile_orphaned_slurm_runs",
 ]
 
 if TYPE_CHECKING:
@@ -112,6 +132,20 @@ if TYPE_CHECKING:
     from dagster_slurm.resources.ssh import SSHConnectionResource
     from dagster_slurm.scheduler.client import SlurmScheduler
     from dagster_slurm.scheduler.watcher import JobWatcher
+    from dagster_slurm.session.allocation import SlurmAllocation
+    from dagster_slurm.session.config import SlurmRunAllocationConfig
+    from dagster_slurm.session.errors import (
+        SlurmAllocationEnded,
+        SlurmStepDrained,
+        SlurmStepExecutionResult,
+        SlurmStepFailed,
+    )
+    from dagster_slurm.session.orphans import (
+        build_slurm_orphan_reconcile_sensor,
+        reconcile_orphaned_slurm_runs,
+    )
+    from dagster_slurm.session.resource import SlurmSessionResource
+    from dagster_slurm.session.session import RunSession
     from dagster_slurm.slurm.queue import SlurmQueueConfig
     from dagster_slurm.slurm.states import JobState
 

@@ -32,6 +32,16 @@ class InvocationPaths:
         job_dir = f"{step_dir}/{invocation or uuid.uuid4().hex[:12]}"
         return cls(base.rstrip("/"), run_dir, step_dir, job_dir)
 
+    @classmethod
+    def create_under(
+        cls, parent: str, base: str, step_key: str, invocation: str | None = None
+    ) -> InvocationPaths:
+        """Files of one invocation under ``<parent>/<step>/<invocation>/`` (``base``: the
+        root removals stay inside)."""
+        step_dir = f"{parent.rstrip('/')}/{safe_name(step_key, 100)}"
+        job_dir = f"{step_dir}/{invocation or uuid.uuid4().hex[:12]}"
+        return cls(base.rstrip("/"), parent.rstrip("/"), step_dir, job_dir)
+
     def file(self, name: str) -> str:
         return f"{self.job_dir}/{name}"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
 from pydantic import Field, field_validator, model_validator
@@ -21,6 +21,10 @@ from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.session.config import SlurmRunAllocationConfig
+
+if TYPE_CHECKING:
+    from dagster_slurm.session.session import RunSession
 
 
 class SlurmAllocationScope(str, Enum):
@@ -50,7 +54,18 @@ class ComputeResource(ConfigurableResource):
     )
     allocation_scope: SlurmAllocationScope = Field(
         default=SlurmAllocationScope.ASSET,
-        description="'asset': one Slurm job per run() call. 'run': one allocation per Dagster run.",
+        description=(
+            "'asset': one Slurm job per run() call. 'run': one allocation per Dagster run, "
+            "submitted by the first step, shared by every step (Ray started once when "
+            "default_launcher is a RayLauncher), cancelled when the run ends."
+        ),
+    )
+    run_allocation: SlurmRunAllocationConfig | None = Field(
+        default=None,
+        description=(
+            "Shape of the run's allocation with allocation_scope='run'; fields left None take "
+            "the Slurm resource's queue values. None: the queue configuration as it is."
+        ),
     )
     pre_deployed_env_path: str | None = Field(
         default=None,
@@ -138,10 +153,7 @@ class ComputeResource(ConfigurableResource):
         overrides = sbatch_overrides(extra_slurm_opts)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
-        if self.allocation_scope is SlurmAllocationScope.RUN and self.mode == "slurm":
-            raise ConfigurationError(
-                "allocation_scope", "run", "run-scoped allocations are not available in this version"
-            )
+        run_scope = self.allocation_scope is SlurmAllocationScope.RUN
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import LocalRunner
             from dagster_slurm.slurm.queue import SlurmQueueConfig
@@ -149,6 +161,11 @@ class ComputeResource(ConfigurableResource):
             # The same checks as in slurm mode, so an asset that passes locally submits.
             queue = self.slurm.queue if self.slurm is not None else SlurmQueueConfig()
             queue.to_sbatch_spec("local-check", "/dev/null", **overrides)
+            if run_scope:
+                from dagster_slurm.session.config import check_shape
+
+                check_shape(self.run_allocation or SlurmRunAllocationConfig(), queue, overrides,
+                            extra_slurm_opts)
 
             return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1)).run(
                 context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
@@ -157,6 +174,15 @@ class ComputeResource(ConfigurableResource):
         from dagster_slurm.compute.slurm_runner import PendingPolicy, SlurmRunner
 
         assert self.slurm is not None
+        if run_scope:
+            from dagster_slurm.session.runner import SessionRunner, check_step
+
+            session = self.get_run_allocation_session(context, start=False)
+            check_step(session, launcher, overrides, extra_slurm_opts)
+            return SessionRunner(session, poll_interval=self.pipes_poll_interval).run(
+                context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
+                extras=extras, defer_cleanup=defer_cleanup,
+            )
         runner = SlurmRunner(
             self.slurm,
             PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval, self.pending_grace_seconds),
@@ -168,11 +194,57 @@ class ComputeResource(ConfigurableResource):
             extras=extras, overrides=overrides, defer_cleanup=defer_cleanup,
         )
 
+    def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
+        """The run's allocation session in this process (slurm mode, ``allocation_scope='run'``).
+
+        ``session.allocation`` is the current :class:`~dagster_slurm.session.allocation.SlurmAllocation`
+        (submitted, or attached to, on first access); ``session.execute_in_session(...)``
+        runs a command as a step without Pipes. With ``start`` the allocation is made ready
+        now. Raises :class:`~dagster_slurm.errors.ConfigurationError` in another mode or scope.
+        """
+        if self.mode != "slurm" or self.allocation_scope is not SlurmAllocationScope.RUN:
+            raise ConfigurationError(
+                "allocation_scope", self.allocation_scope.value,
+                "a run allocation session exists only with mode='slurm' and allocation_scope='run'",
+            )
+        from dagster_slurm.compute.slurm_runner import PendingPolicy
+        from dagster_slurm.session.lifecycle import session_for
+        from dagster_slurm.session.session import RunSession, session_digest
+
+        assert self.slurm is not None
+        slurm = self.slurm
+        config = self.run_allocation or SlurmRunAllocationConfig()
+        launcher = self.default_launcher
+        digest = session_digest(config.queue_for(slurm.queue), config, launcher)
+        run_id = context.run_id
+
+        def factory() -> RunSession:
+            return RunSession(
+                slurm, run_id, config, launcher,
+                activation=lambda: self._prepare_environment(context),
+                pending=PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
+                                      self.pending_grace_seconds),
+                poll_interval=self.pipes_poll_interval,
+            )
+
+        session = session_for(f"{slurm.base_path()}|{run_id}|{digest}", factory)
+        if start:
+            session.ensure(getattr(context, "log", None))
+        return session
+
     def cleanup_deferred_run_dir(self, context: Any) -> None:
         """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step."""
         from dagster_slurm.compute.paths import InvocationPaths, step_identity
 
         run_id, step_key = step_identity(context)
+        if self.mode == "slurm" and self.allocation_scope is SlurmAllocationScope.RUN:
+            from dagster_slurm.agent import remove_op
+
+            session = self.get_run_allocation_session(context, start=False)
+            allocation = session.ensure(context.log)
+            paths = allocation.invocation(step_key)
+            self.slurm.agent().run(remove_op(paths.step_dir, root=paths.base))  # type: ignore[union-attr]
+            return
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import default_local_base
 
@@ -195,7 +267,13 @@ class ComputeResource(ConfigurableResource):
         """The last run of this process using the cluster ends the cluster-side agent
         processes and the SSH connection (nothing of the library stays on the login node)."""
         if self.mode == "slurm" and self.slurm is not None:
-            self.slurm.release()
+            try:
+                if self.allocation_scope is SlurmAllocationScope.RUN:
+                    from dagster_slurm.session.lifecycle import close_run_sessions
+
+                    close_run_sessions(context)
+            finally:
+                self.slurm.release()
 
     def _prepare_environment(self, context: Any) -> str | None:
         """The activation script on the cluster; prepared once per process and settings

@@ -16,14 +16,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from dagster_slurm.agent import (
     AgentClient,
+    AgentOp,
     exec_op,
     job_status_op,
     submit_op,
     write_file_op,
 )
+from dagster_slurm.agent.results import JobStatusResult
 from dagster_slurm.errors import CommandFailed, SchedulerError
 from dagster_slurm.scheduler.pacing import RateLimiter
 from dagster_slurm.slurm import (
@@ -173,13 +176,21 @@ class SlurmScheduler:
         record: str = "/job",
         files: Mapping[str, tuple[str | bytes, int]] | None = None,
         token: str | None = None,
+        lock_path: str | None = None,
+        record_value: Mapping[str, Any] | None = None,
+        create: Mapping[str, Any] | None = None,
     ) -> SubmittedJob:
         """Write ``files`` (path -> (content, mode)), then submit ``spec`` with a token.
 
         The token is recorded in the JSON document ``state_path`` (at pointer ``record``)
         *before* sbatch runs and is passed as the job's ``--comment``, so a submission
         whose answer was lost can be found again. Raises :class:`SchedulerError` with
-        Slurm's message when sbatch rejects the job.
+        Slurm's message when sbatch rejects the job. ``lock_path`` defaults to
+        ``<state_path>.lock``; ``record_value`` adds fields to the submission record;
+        ``create`` is the document written when ``state_path`` does not exist yet. When
+        ``record`` already holds another submission, the agent's
+        :class:`~dagster_slurm.agent.exceptions.SubmissionInDoubt` propagates (the record is
+        still ``submitting``) or the other job is returned with ``recovered`` set.
         """
         token = token or new_token()
         spec = _with_comment(spec, token)
@@ -194,9 +205,10 @@ class SlurmScheduler:
                     sbatch_argv(spec),
                     token=token,
                     state_path=state_path,
-                    lock_path=state_path + ".lock",
+                    lock_path=lock_path or state_path + ".lock",
                     record=record,
-                    create={"schema_version": 1},
+                    record_value=record_value,
+                    create=dict(create) if create is not None else {"schema_version": 1},
                 ),
                 requires=written,
             )
@@ -220,14 +232,30 @@ class SlurmScheduler:
         accounting: bool = True,
     ) -> StatusSnapshot:
         """One squeue for every job of ``job_names``; sacct only for known ids it lacks."""
-        op = job_status_op(
+        op = self.status_op(job_names, known_ids, status_files=status_files, accounting=accounting)
+        response = self.agent.call([op.to_request()], timeout=self.agent.budget([op]))
+        return self.snapshot(op.decode(response.results[0], 0), response.now)
+
+    def status_op(
+        self,
+        job_names: Sequence[str],
+        known_ids: Sequence[str] = (),
+        *,
+        status_files: Mapping[str, str] | None = None,
+        accounting: bool = True,
+    ) -> AgentOp[JobStatusResult]:
+        """The status poll as an agent op, to send in a batch with other operations; turn its
+        result into a :class:`StatusSnapshot` with :meth:`snapshot`."""
+        return job_status_op(
             squeue_argv(job_names),
             list(known_ids),
             sacct_argv=sacct_base_argv() if accounting else None,
             status_files=status_files,
         )
-        response = self.agent.call([op.to_request()], timeout=self.agent.budget([op]))
-        result = op.decode(response.results[0], 0)
+
+    def snapshot(self, result: JobStatusResult, now: float | None) -> StatusSnapshot:
+        """The :class:`StatusSnapshot` of a :meth:`status_op` result (counts the calls)."""
+        response_now = now
         self.stats.count("squeue")
         acct: dict[str, SacctRecord] = {}
         if result.sacct is not None:
@@ -239,7 +267,7 @@ class SlurmScheduler:
             job_id: _parse_exit_code(sf.data) for job_id, sf in result.status_files.items() if sf.exists
         }
         return StatusSnapshot(
-            observed_at=response.now,
+            observed_at=response_now,
             certain=result.squeue.rc == 0 and result.absent_ids is not None,
             queue=records,
             accounting=acct,

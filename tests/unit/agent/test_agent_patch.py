@@ -107,6 +107,13 @@ def test_absent_and_missing_test_are_conflicts() -> None:
     assert apply_patch(DOC, [{"op": "absent", "path": "/nope"}]) == DOC
 
 
+def test_absent_accepts_null_as_an_empty_record() -> None:
+    doc = {"allocation": None, "successor": {"job_id": "7"}}
+    assert apply_patch(doc, [{"op": "absent", "path": "/allocation"}]) == doc
+    with pytest.raises(PatchConflict):
+        apply_patch(doc, [{"op": "absent", "path": "/successor"}])
+
+
 def test_json_equality_does_not_confuse_booleans_and_numbers() -> None:
     assert not json_equal(True, 1) and not json_equal(0, False) and json_equal(1, 1.0)
     with pytest.raises(PatchConflict):

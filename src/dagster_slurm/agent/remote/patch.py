@@ -14,7 +14,8 @@ Operations (JSON objects with ``op`` and ``path``):
 test       the value at ``path`` exists and equals ``value`` (JSON equality: ``true`` is not
            ``1``). With ``cmp`` (``eq ne lt le gt ge``) the stored value is compared with
            ``value``; ordering comparisons need two numbers or two strings.
-absent     nothing exists at ``path``.
+absent     nothing exists at ``path``, or ``null`` (an empty optional record, as the
+           session document keeps them).
 add        RFC 6902 add: sets an object member (replacing it), inserts into an array, or
            replaces the document (``""``). The parent must exist.
 replace    the value at ``path`` must exist and is replaced.
@@ -153,7 +154,7 @@ def _apply_one(doc: Any, index: int, op: Any, now: float | None) -> Any:
         _check_test(index, op, current, _value(index, op, now))
         return doc
     if kind == "absent":
-        if current is not _MISSING:
+        if current is not _MISSING and current is not None:
             raise PatchConflict(index, op, "path exists", current)
         return doc
     if kind == "remove":

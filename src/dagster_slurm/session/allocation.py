@@ -1,0 +1,299 @@
+"""``SlurmAllocation``: one running allocation of a run session, and the steps run inside it.
+
+A step is started by writing its files and a request file in one round trip; the
+allocation's step server (``templates/session_server.sh``) claims the request and starts the
+step with ``srun --overlap`` on the head node. Waiting for a step reads its status and drain
+files every ``poll_interval`` seconds (one round trip each) and asks the scheduler about the
+allocation every ``allocation_check_interval`` seconds in the same round trip, so an
+allocation that ends under a step is noticed within that interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_slurm.agent import tail_op, txn_op, write_file_op
+from dagster_slurm.agent.results import TailRequest
+from dagster_slurm.compute.paths import InvocationPaths, safe_name
+from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.scheduler.client import SlurmScheduler
+from dagster_slurm.session.errors import (
+    REPLACED,
+    SlurmAllocationEnded,
+    SlurmStepExecutionResult,
+    SlurmStepFailed,
+)
+from dagster_slurm.session.paths import SessionPaths
+from dagster_slurm.slurm.states import JobState
+
+log = logging.getLogger("dagster_slurm.session")
+
+
+@dataclass(frozen=True)
+class StepHandle:
+    """A step requested from the step server: its request id, Slurm step name and files."""
+
+    request_id: str
+    name: str
+    paths: InvocationPaths
+
+
+class SlurmAllocation:
+    """A run session's allocation: job id, nodes, Ray address; start and wait for steps.
+
+    ``job_id``: the Slurm job id. ``nodes``: its hosts, head first. ``ray_address``:
+    ``host:port`` of the Ray cluster started in it, None when it has no Ray.
+    ``drain_signal``: the signal a drain sends (``TERM`` unless configured).
+    """
+
+    def __init__(
+        self,
+        scheduler: SlurmScheduler,
+        paths: SessionPaths,
+        job_name: str,
+        job_id: str,
+        *,
+        nodes: tuple[str, ...] = (),
+        head: str | None = None,
+        ray_address: str | None = None,
+        drain_signal: str = "TERM",
+        poll_interval: float = 0.25,
+        allocation_check_interval: float = 3.0,
+    ) -> None:
+        self.scheduler = scheduler
+        self.paths = paths
+        self.job_name = job_name
+        self.job_id = job_id
+        self.nodes = nodes
+        self.head = head
+        self.ray_address = ray_address
+        self.drain_signal = drain_signal
+        self.poll_interval = poll_interval
+        self.allocation_check_interval = allocation_check_interval
+
+    def __repr__(self) -> str:
+        return f"SlurmAllocation(job_id={self.job_id!r}, nodes={self.nodes!r}, ray_address={self.ray_address!r})"
+
+    # -- live facts ------------------------------------------------------------------------
+    @property
+    def end_time(self) -> str | None:
+        """When the scheduler currently expects the allocation to end, as Slurm prints it
+        (``2026-11-30T14:02:11``, the cluster's local time); queried live on every access.
+        None when the scheduler gives no end time (or no longer lists the job). Use this,
+        not the requested time_limit: backfill (``time_min``) and admins change it."""
+        record = self.scheduler.status([self.job_name], [self.job_id], accounting=False).queue.get(self.job_id)
+        if record is None or record.end_time is None:
+            return None
+        return record.end_time.isoformat(timespec="seconds")
+
+    def state(self) -> JobState | None:
+        """The allocation's scheduler state now (None when the scheduler does not say)."""
+        return self.scheduler.status([self.job_name], [self.job_id]).job(self.job_id).state
+
+    def request_drain(self) -> None:
+        """Send the drain signal to the allocation's batch shell (``scancel --batch
+        --signal``): running steps receive it, later steps are not started (their result is
+        drained with exit code 0). Draining is permanent for this allocation."""
+        self.scheduler.cancel([self.job_id], signal=self.drain_signal, batch_only=True)
+        try:
+            self.scheduler.agent.run(txn_op(
+                self.paths.document, self.paths.lock,
+                [{"op": "test", "path": "/allocation/job_id", "value": self.job_id},
+                 {"op": "add", "path": "/allocation/drain_requested_at", "value_now": 0}],
+            ))
+        except DagsterSlurmError as exc:  # the signal went out; the record is informational
+            log.warning("drain of %s requested, but not recorded: %s", self.job_id, exc)
+
+    # -- steps -----------------------------------------------------------------------------
+    def invocation(self, step_key: str) -> InvocationPaths:
+        """Fresh invocation paths for a step of ``step_key`` in this allocation."""
+        return self.paths.invocation(self.job_id, step_key)
+
+    def launch(
+        self,
+        paths: InvocationPaths,
+        script: str,
+        *,
+        name: str,
+        files: Mapping[str, tuple[str | bytes, int]] | None = None,
+    ) -> StepHandle:
+        """Write the step's script and ``files`` and request the step, in one round trip.
+
+        Refused with :class:`SlurmAllocationEnded` (state ``REPLACED``) when the session no
+        longer has this allocation as its current one.
+        """
+        request_id = uuid.uuid4().hex[:16]
+        step_name = safe_name(name, 80)
+        script_path = paths.file("dagster_slurm_step.sh")
+        request = "\n".join(
+            [script_path, paths.stdout, paths.stderr, paths.status, paths.drain, step_name]
+        ) + "\n"
+        agent = self.scheduler.agent
+        with agent.batch() as batch:
+            current = batch.add(txn_op(
+                self.paths.document, self.paths.lock,
+                [{"op": "test", "path": "/allocation/job_id", "value": self.job_id}],
+            ))
+            written = [batch.add(write_file_op(script_path, script, mode=0o755, makedirs=True),
+                                 requires=[current])]
+            for path, (content, mode) in (files or {}).items():
+                written.append(batch.add(write_file_op(path, content, mode=mode, makedirs=True),
+                                         requires=[current]))
+            requested = batch.add(
+                write_file_op(self.paths.request(self.job_id, request_id), request, makedirs=True),
+                requires=[current, *written],
+            )
+        if not current.result().ok:
+            raise SlurmAllocationEnded(
+                SlurmStepExecutionResult(self.job_id, step_name, None, allocation_state=REPLACED),
+                "the session replaced this allocation before the step started; prepare the "
+                "step again against the current allocation",
+            )
+        for item in written:
+            item.result()
+        requested.result()
+        return StepHandle(request_id, step_name, paths)
+
+    def cancel_step(self, handle: StepHandle) -> None:
+        """Ask the step server to stop the step (TERM, then KILL after 10 s)."""
+        self.scheduler.agent.run(
+            write_file_op(self.paths.request(self.job_id, handle.request_id, "cancel"), "\n")
+        )
+
+    def wait(
+        self,
+        handle: StepHandle,
+        *,
+        on_poll: Callable[[], None] = lambda: None,
+    ) -> SlurmStepExecutionResult:
+        """Wait until the step has written its status, or the allocation has ended.
+
+        Returns the result (exit code, drained, drain signal); raises
+        :class:`SlurmAllocationEnded` when the allocation ended first. Any exception while
+        waiting (run termination, KeyboardInterrupt) cancels the step before propagating.
+        """
+        files = [TailRequest(handle.paths.status, 0), TailRequest(handle.paths.drain, 0)]
+        next_check = time.monotonic() + self.allocation_check_interval
+        ended_state: str | None = None
+        try:
+            while True:
+                check = time.monotonic() >= next_check or ended_state is not None
+                with self.scheduler.agent.batch() as batch:
+                    tail = batch.add(tail_op(files))
+                    status = batch.add(self.scheduler.status_op(
+                        [self.job_name], [self.job_id], accounting=False)) if check else None
+                    response_now = None
+                chunks = tail.result().files
+                exit_code = _int(chunks[0].data) if chunks[0].exists else None
+                drain_signal = chunks[1].data.decode("utf-8", "replace").strip() or None \
+                    if chunks[1].exists else None
+                if exit_code is not None or (chunks[0].exists and ended_state is not None):
+                    return SlurmStepExecutionResult(
+                        self.job_id, handle.name, exit_code, drain_signal is not None, drain_signal,
+                    )
+                if ended_state is not None:
+                    raise SlurmAllocationEnded(
+                        SlurmStepExecutionResult(
+                            self.job_id, handle.name, None, drain_signal is not None,
+                            drain_signal, allocation_state=ended_state,
+                        ),
+                        f"allocation {self.job_id} ended ({ended_state}) before the step "
+                        f"{handle.name} wrote its exit status",
+                    )
+                if status is not None:
+                    next_check = time.monotonic() + self.allocation_check_interval
+                    snapshot = self.scheduler.snapshot(status.result(), response_now)
+                    observed = snapshot.job(self.job_id)
+                    if observed.state is not None and observed.state.terminal:
+                        ended_state = observed.state.value
+                        continue  # read the status file once more before deciding
+                    if observed.state is None and snapshot.certain and self.job_id in snapshot.absent:
+                        ended_state = "UNKNOWN"
+                        continue
+                on_poll()
+                time.sleep(self.poll_interval)
+        except SlurmAllocationEnded:
+            raise
+        except BaseException:
+            try:
+                self.cancel_step(handle)
+            except Exception as exc:  # noqa: BLE001 - the original error matters more
+                log.error("could not cancel step %s of allocation %s: %s", handle.name, self.job_id, exc)
+            raise
+
+    # -- low level: a command as a step, no Pipes ------------------------------------------
+    def execute(
+        self,
+        command: list[str] | tuple[str, ...],
+        *,
+        name: str = "step",
+        env: Mapping[str, str] | None = None,
+        activation: str | None = None,
+        raise_on_error: bool = True,
+    ) -> SlurmStepExecutionResult:
+        """Run ``command`` (an argv) as one step on the head node and wait for it.
+
+        ``env`` is exported (``RAY_ADDRESS`` is added when the allocation has Ray);
+        ``activation`` is sourced first. Returns the :class:`SlurmStepExecutionResult`; a
+        drained step is returned whatever its exit code. Raises :class:`SlurmStepFailed`
+        (with log tails) for an ordinary non-zero exit when ``raise_on_error`` and
+        :class:`SlurmAllocationEnded` when the allocation ends under the step.
+        """
+        from dagster_slurm.launchers.base import ExecutionPlan, validate_env
+        from dagster_slurm.launchers.bash import BashLauncher
+
+        paths = self.invocation(name)
+        variables = validate_env(dict(env or {}))
+        if self.ray_address:
+            variables.setdefault("RAY_ADDRESS", self.ray_address)
+        plan = ExecutionPlan(
+            payload=tuple(command), job_dir=paths.job_dir, status_file=paths.status,
+            drain_file=paths.drain, mode="slurm", env=variables, activation=activation,
+            drain_signal=self.drain_signal,
+        )
+        handle = self.launch(paths, BashLauncher().render(plan), name=name)
+        result = self.wait(handle)
+        result = _with_tails(self, result, paths)
+        if raise_on_error and not result.drained and result.exit_code not in (0, None):
+            raise SlurmStepFailed(result, f"files in {paths.job_dir}")
+        return result
+
+
+def _with_tails(allocation: SlurmAllocation, result: SlurmStepExecutionResult,
+                paths: InvocationPaths, lines: int = 30) -> SlurmStepExecutionResult:
+    """``result`` with the last lines of the step's stdout and stderr (best effort)."""
+    import dataclasses
+
+    from dagster_slurm.agent import exec_op
+
+    try:
+        with allocation.scheduler.agent.batch() as batch:
+            out = batch.add(exec_op(["tail", "-n", str(lines), "--", paths.stdout], timeout=10))
+            err = batch.add(exec_op(["tail", "-n", str(lines), "--", paths.stderr], timeout=10))
+        return dataclasses.replace(
+            result, stdout_tail=out.result().stdout, stderr_tail=err.result().stdout
+        )
+    except DagsterSlurmError:
+        return result
+
+
+def _int(data: bytes) -> int | None:
+    text = data.decode("utf-8", "replace").strip().split()
+    if text and text[0].lstrip("-").isdigit():
+        return int(text[0])
+    return None
+
+
+def parse_ready(text: str) -> dict[str, Any]:
+    """The step server's ``ready`` file (``key=value`` lines) as a dict of strings."""
+    values: dict[str, Any] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values

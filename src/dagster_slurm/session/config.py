@@ -1,0 +1,191 @@
+"""``SlurmRunAllocationConfig``: the shape of a run's shared allocation, and shape checks.
+
+Fields left as None inherit the :class:`~dagster_slurm.slurm.queue.SlurmQueueConfig` of the
+:class:`~dagster_slurm.resources.slurm.SlurmResource`; ``extra_sbatch_directives`` never
+inherits (it applies to one submission). The combination is checked like a queue
+configuration when the allocation's sbatch request is built, before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import Config
+from pydantic import Field, field_validator
+
+from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.slurm.queue import SlurmQueueConfig
+
+#: SlurmRunAllocationConfig field -> SlurmQueueConfig field.
+_QUEUE_FIELDS: Mapping[str, str] = {
+    "partition": "partition",
+    "num_nodes": "num_nodes",
+    "cpus_per_task": "cpus",
+    "gpus_per_node": "gpus_per_node",
+    "mem": "mem",
+    "mem_per_cpu": "mem_per_cpu",
+    "time_limit": "time_limit",
+    "time_min": "time_min",
+    "qos": "qos",
+    "account": "account",
+    "reservation": "reservation",
+    "signal_before_timeout": "signal_before_timeout",
+}
+
+#: SbatchSpec fields that make up an allocation's shape (what a step may not ask to change).
+SHAPE_FIELDS: tuple[str, ...] = (
+    "partition", "num_nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "mem",
+    "mem_per_cpu", "gpus_per_node", "gres", "time_limit", "time_min", "qos", "account",
+    "reservation", "nodelist", "exclusive", "extra_directives",
+)
+
+
+class SlurmRunAllocationConfig(Config):
+    """The allocation a run-scoped session submits once and shares between the run's steps.
+
+    Every shape field left as None takes the value of the Slurm resource's queue
+    configuration. ``heartbeat_timeout`` is the allocation's dead-man's switch: when no
+    supervising process has signalled life for that long, the allocation cancels itself
+    (None: never).
+    """
+
+    num_nodes: int | None = Field(default=None, description="Nodes (--nodes); None: the queue's.")
+    cpus_per_task: int | None = Field(
+        default=None, description="CPUs per task (--cpus-per-task); None: the queue's 'cpus'."
+    )
+    gpus_per_node: int | None = Field(default=None, description="GPUs per node; None: the queue's.")
+    mem: str | None = Field(default=None, description="Memory per node (--mem); None: the queue's.")
+    mem_per_cpu: str | None = Field(
+        default=None, description="Memory per CPU (--mem-per-cpu); replaces mem when set."
+    )
+    time_limit: str | None = Field(
+        default=None, description="Walltime of the allocation (--time); None: the queue's."
+    )
+    time_min: str | None = Field(
+        default=None, description="Shortest walltime backfill may shrink to (--time-min)."
+    )
+    partition: str | None = Field(default=None, description="Partition; None: the queue's.")
+    qos: str | None = Field(default=None, description="QOS; None: the queue's.")
+    account: str | None = Field(default=None, description="Account; None: the queue's.")
+    reservation: str | None = Field(default=None, description="Reservation; None: the queue's.")
+    signal_before_timeout: str | None = Field(
+        default=None,
+        description=(
+            "Drain signal sent to the allocation's batch shell before its walltime, e.g. "
+            "'USR1@120'; forwarded to the running steps only. None: the queue's."
+        ),
+    )
+    extra_sbatch_directives: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Further sbatch options for this allocation only, one '--option[=value]' per entry "
+            "(never inherited from the queue)."
+        ),
+    )
+    heartbeat_interval: float = Field(
+        default=15.0,
+        description="Seconds between the supervising process's heartbeats to the session.",
+    )
+    heartbeat_timeout: float | None = Field(
+        default=600.0,
+        description=(
+            "Seconds without any supervisor heartbeat after which the allocation cancels "
+            "itself (an orphan ends even where no sensor runs); None disables it."
+        ),
+    )
+    startup_timeout: float = Field(
+        default=600.0,
+        description=(
+            "Seconds a running allocation may take to accept steps (Ray startup included) "
+            "before the step fails and the allocation is cancelled."
+        ),
+    )
+
+    @field_validator("heartbeat_interval", "startup_timeout")
+    @classmethod
+    def _positive(cls, value: float, info: Any) -> float:
+        if not value > 0:
+            raise ConfigurationError(str(info.field_name), value, "must be a positive number of seconds")
+        return value
+
+    @field_validator("heartbeat_timeout")
+    @classmethod
+    def _timeout(cls, value: float | None) -> float | None:
+        if value is not None and value < 5:
+            raise ConfigurationError(
+                "heartbeat_timeout", value, "must be at least 5 seconds (or None to disable)"
+            )
+        return value
+
+    def queue_for(self, queue: SlurmQueueConfig) -> SlurmQueueConfig:
+        """``queue`` with this configuration's fields applied; checked as a whole (times,
+        signal, directives), so a bad combination fails naming the field and the value."""
+        values = queue.model_dump()
+        values["extra_sbatch_directives"] = list(self.extra_sbatch_directives)
+        for name, target in _QUEUE_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None:
+                values[target] = value
+        if self.mem_per_cpu is not None:
+            values["mem"] = None
+        elif self.mem is not None:
+            values["mem_per_cpu"] = None
+        if self.heartbeat_timeout is not None and self.heartbeat_timeout <= 2 * self.heartbeat_interval:
+            raise ConfigurationError(
+                "heartbeat_timeout", self.heartbeat_timeout,
+                f"must exceed twice heartbeat_interval ({self.heartbeat_interval} s)",
+            )
+        return SlurmQueueConfig(**values)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-able copy, recorded in the session document with the allocation."""
+        return self.model_dump(mode="json")
+
+
+def shape_mismatches(allocation: SbatchSpec, overrides: Mapping[str, Any]) -> list[str]:
+    """Descriptions of the ``overrides`` (SbatchSpec fields) that differ from ``allocation``.
+
+    Values are compared after normalisation (``60`` and ``01:00:00`` are the same walltime).
+    Asking for ``mem`` when the allocation has ``mem_per_cpu`` (or the reverse) differs.
+    """
+    if not overrides:
+        return []
+    changes = dict(overrides)
+    if "mem" in changes and "mem_per_cpu" not in changes:
+        changes["mem_per_cpu"] = None
+    if "mem_per_cpu" in changes and "mem" not in changes:
+        changes["mem"] = None
+    asked = dataclasses.replace(allocation, **changes)  # validates the values
+    problems = []
+    for name in overrides:
+        if name not in SHAPE_FIELDS:
+            continue
+        mine, theirs = getattr(asked, name), getattr(allocation, name)
+        if name in ("mem", "mem_per_cpu") and mine is None:
+            continue
+        if mine != theirs:
+            problems.append(f"{name}: the step asks for {mine!r}, the run allocation has {theirs!r}")
+    return problems
+
+
+def check_shape(
+    config: SlurmRunAllocationConfig,
+    queue: SlurmQueueConfig,
+    overrides: Mapping[str, Any],
+    extra_slurm_opts: Mapping[str, Any] | None,
+) -> SbatchSpec:
+    """The run allocation's request; raises naming each field where ``overrides`` (a step's
+    ``extra_slurm_opts``, as SbatchSpec fields) differ from it."""
+    spec = config.queue_for(queue).to_sbatch_spec("dsr-shape-check", "/dev/null")
+    problems = shape_mismatches(spec, overrides)
+    if problems:
+        raise ConfigurationError(
+            "extra_slurm_opts", dict(extra_slurm_opts or {}),
+            "the step asks for another shape than the run allocation ("
+            + "; ".join(problems) + "). Move shared settings into SlurmRunAllocationConfig, or "
+            "run this asset with allocation_scope='asset'",
+        )
+    return spec

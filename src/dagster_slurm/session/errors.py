@@ -1,0 +1,83 @@
+"""Results and typed failures of steps run inside a run-scoped allocation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_slurm.compute.errors import JobOutcome, SlurmJobError
+from dagster_slurm.errors import DagsterSlurmError
+
+#: ``allocation_state`` of a step whose allocation was replaced before the step started.
+REPLACED = "REPLACED"
+
+
+@dataclass(frozen=True)
+class SlurmStepExecutionResult:
+    """How one step inside an allocation ended.
+
+    ``exit_code``: the payload's exit status (128+N when signal N ended it); None when the
+    step never wrote one (its allocation ended first). ``drained``: the allocation's drain
+    signal reached the step, or the step was not started because the allocation was
+    draining. ``drain_signal``: that signal's name (``USR1``), None when not drained.
+    ``allocation_state``: the allocation's scheduler state when it ended under the step
+    (``TIMEOUT``, ``CANCELLED``, ... or ``REPLACED``), None while it still runs.
+    """
+
+    job_id: str
+    step_name: str
+    exit_code: int | None
+    drained: bool = False
+    drain_signal: str | None = None
+    allocation_state: str | None = None
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+    def outcome(self) -> JobOutcome:
+        return JobOutcome(
+            self.job_id, self.allocation_state or "RUNNING", self.exit_code,
+            self.stdout_tail, self.stderr_tail,
+        )
+
+
+class SlurmAllocationEnded(SlurmJobError):
+    """The run's allocation ended (walltime, cancellation, node failure, replacement) while a
+    step ran in it or before it started. ``result`` holds what was observed, with
+    ``result.allocation_state``."""
+
+    headline = "the run allocation ended under the step"
+
+    def __init__(self, result: SlurmStepExecutionResult, detail: str = "") -> None:
+        self.result = result
+        super().__init__(result.outcome(), detail)
+
+
+class SlurmStepFailed(SlurmJobError):
+    """A step inside the run allocation exited non-zero without being drained."""
+
+    headline = "payload exited with a non-zero code"
+
+    def __init__(self, result: SlurmStepExecutionResult, detail: str = "") -> None:
+        self.result = result
+        super().__init__(result.outcome(), detail)
+
+
+class SlurmStepDrained(DagsterSlurmError):
+    """A ``compute.run`` was drained: partial work must not be materialised silently.
+
+    ``result`` is the :class:`SlurmStepExecutionResult`; ``invocation`` the
+    ``PipesClientCompletedInvocation`` with every message the payload reported.
+    """
+
+    def __init__(self, result: SlurmStepExecutionResult, invocation: Any) -> None:
+        self.result = result
+        self.invocation = invocation
+        super().__init__(
+            f"step {result.step_name} in allocation {result.job_id} was drained "
+            f"(signal {result.drain_signal}, exit code {result.exit_code}); decide from the "
+            "payload's reports whether work remains"
+        )
+
+
+class SessionError(DagsterSlurmError):
+    """The run session cannot provide an allocation (submission failed, startup failed)."""

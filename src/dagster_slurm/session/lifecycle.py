@@ -1,0 +1,102 @@
+"""Which run sessions this process uses, and whether a teardown ends the run's allocation.
+
+A resource's teardown runs once per process that initialised it: once per run with the
+in-process executor, once per step process with the multiprocess executor. A step process
+cannot cancel the run's allocation just because its own step is done (the next step would
+need a new allocation), so :func:`run_is_over` asks the Dagster instance: the run has a
+final or cancelling status, or every planned step has finished (success, failure or
+skipped). When a step process leaves while the run goes on, its heartbeat stops; the
+allocation then lives on for the next step, and ends by its dead-man's switch
+(``heartbeat_timeout``) if no step comes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dagster_slurm.session.session import RunSession
+
+_SESSIONS: dict[tuple[int, str], RunSession] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def session_for(key: str, factory: Callable[[], RunSession]) -> RunSession:
+    """This process's session for ``key`` (its session directory), created on first use."""
+    with _SESSIONS_LOCK:
+        entry = (os.getpid(), key)
+        session = _SESSIONS.get(entry)
+        if session is None:
+            session = factory()
+            _SESSIONS[entry] = session
+        return session
+
+
+def sessions_of_run(run_id: str) -> list[RunSession]:
+    """This process's open sessions of ``run_id``, removed from the registry."""
+    with _SESSIONS_LOCK:
+        keys = [k for k, s in _SESSIONS.items() if k[0] == os.getpid() and s.run_id == run_id]
+        return [_SESSIONS.pop(k) for k in keys]
+
+
+_FINAL_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELING", "CANCELED"})
+_FINISHED_STEP_STATUSES = frozenset({"SUCCESS", "FAILURE", "SKIPPED"})
+
+
+def run_is_over(instance: Any, run_id: str | None) -> tuple[bool, str]:
+    """``(over, why)``: whether the Dagster run ``run_id`` will start no further step.
+
+    Without an instance or run id (a resource used outside a run) the answer is "over": the
+    process that opened the session is the only one that knows about it.
+    """
+    if instance is None or not run_id:
+        return True, "no Dagster run to consult"
+    try:
+        run = instance.get_run_by_id(run_id)
+        if run is None:
+            return True, f"run {run_id} is unknown to the instance"
+        status = getattr(run.status, "value", str(run.status))
+        if status in _FINAL_RUN_STATUSES:
+            return True, f"the run is {status}"
+        snapshot = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+        planned = set(snapshot.step_keys_to_execute or [step.key for step in snapshot.steps])
+        finished = {
+            stats.step_key
+            for stats in instance.get_run_step_stats(run_id)
+            if getattr(stats.status, "value", None) in _FINISHED_STEP_STATUSES
+        }
+    except Exception as exc:  # noqa: BLE001 - when in doubt, end the allocation
+        return True, f"the run's state could not be read ({exc})"
+    remaining = planned - finished
+    if not remaining:
+        return True, "every step of the run has finished"
+    return False, f"{len(remaining)} step(s) of the run have not finished"
+
+
+def close_run_sessions(context: Any) -> None:
+    """Teardown of a resource in this process: close its sessions of the current run,
+    cancelling their allocations when the run is over or this process was interrupted."""
+    run = getattr(context, "dagster_run", None)
+    run_id = getattr(run, "run_id", None) or getattr(context, "run_id", None)
+    if run_id is None:
+        return
+    sessions = sessions_of_run(run_id)
+    if not sessions:
+        return
+    over, why = run_is_over(getattr(context, "instance", None), run_id)
+    logger = getattr(context, "log", None)
+    for session in sessions:
+        if session.interrupted:
+            session.close(cancel=True, reason="the step was interrupted", logger=logger)
+        elif over:
+            session.close(cancel=True, reason=why, logger=logger)
+        else:
+            session.close(cancel=False)
+            if logger is not None:
+                logger.info(
+                    f"Run allocation of {session.job_name} kept for the run's other steps ({why}); "
+                    f"it ends with the run, or {session.config.heartbeat_timeout} s after the "
+                    "last heartbeat"
+                )

@@ -1,0 +1,195 @@
+"""Find run sessions whose supervisor died, cancel their allocations and fail their runs.
+
+A session is an orphan when its run is unfinished in the Dagster instance but no process
+has written its heartbeat for ``heartbeat_timeout`` seconds (the run's process was
+SIGKILLed, its machine died), or when its run has finished but an allocation of the
+session is still in the queue (a teardown that could not cancel). Sessions of runs the
+instance does not know are left alone: the base path may be shared with other deployments.
+
+Cost: one round trip lists the session documents, one reads them, one squeue covers every
+candidate's job name; each orphan costs one scancel and one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dagster_slurm.agent import exec_op, read_op, txn_op
+from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.session.paths import SESSIONS_DIR
+
+log = logging.getLogger("dagster_slurm.session")
+
+_UNFINISHED = frozenset({"STARTED", "STARTING", "CANCELING", "NOT_STARTED", "QUEUED"})
+_FINISHED = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+
+
+@dataclass(frozen=True)
+class OrphanReport:
+    """One session the reconciliation acted on.
+
+    ``run_id``: the Dagster run. ``job_name``: the session's Slurm job name. ``job_ids``:
+    its jobs that were still in the queue (and were cancelled). ``reason``: why it was
+    judged orphaned. ``run_marked_failed``: whether the run was marked failed.
+    """
+
+    run_id: str
+    job_name: str
+    job_ids: tuple[str, ...]
+    reason: str
+    run_marked_failed: bool
+
+
+def _session_documents(slurm: SlurmResource) -> Iterator[tuple[str, dict[str, Any], float]]:
+    """``(document path, document, login-node time)`` of every session under the base path."""
+    agent = slurm.agent()
+    root = f"{slurm.base_path()}/{SESSIONS_DIR}"
+    found = agent.run(exec_op(
+        ["find", root, "-mindepth", "2", "-maxdepth", "2", "-name", "allocation.json"], timeout=60
+    ))
+    paths = [p for p in found.stdout.splitlines() if p.strip()]
+    if not paths:
+        return
+    with agent.batch() as batch:
+        reads = [batch.add(read_op(path)) for path in paths]
+    now = batch.response.now if batch.response else 0.0
+    for path, pending in zip(paths, reads, strict=True):
+        try:
+            result = pending.result()
+        except DagsterSlurmError as exc:
+            log.warning("skipping unreadable session document %s: %s", path, exc)
+            continue
+        if result.doc:
+            yield path, result.doc, now
+
+
+def _last_sign_of_life(doc: dict[str, Any]) -> float | None:
+    heartbeat = doc.get("heartbeat") or {}
+    times = [heartbeat.get("at"), (doc.get("allocation") or {}).get("submitted_at"), doc.get("created_at")]
+    known = [float(t) for t in times if isinstance(t, (int, float))]
+    return max(known) if known else None
+
+
+def reconcile_orphaned_slurm_runs(
+    instance: Any,
+    slurm: SlurmResource,
+    *,
+    heartbeat_timeout: float = 300.0,
+    dry_run: bool = False,
+) -> list[OrphanReport]:
+    """Cancel the allocations of orphaned run sessions and mark their runs failed.
+
+    ``heartbeat_timeout``: seconds without a supervisor heartbeat after which an unfinished
+    run's session counts as orphaned; keep it well above the sessions' heartbeat_interval.
+    ``dry_run``: report only. Returns what was (or would be) done.
+    """
+    candidates: list[tuple[str, dict[str, Any], str, Any]] = []
+    for path, doc, now in _session_documents(slurm):
+        run_id, job_name = doc.get("run_id"), doc.get("job_name")
+        if not run_id or not job_name or doc.get("closed_at"):
+            continue
+        run = instance.get_run_by_id(run_id)
+        if run is None:
+            continue
+        status = getattr(run.status, "value", str(run.status))
+        last = _last_sign_of_life(doc)
+        if status in _FINISHED:
+            candidates.append((path, doc, f"the run is {status} but its allocation is still queued", None))
+        elif status in _UNFINISHED and (last is None or now - last > heartbeat_timeout):
+            age = "never" if last is None else f"{now - last:.0f} s ago"
+            candidates.append((
+                path, doc, f"no supervisor heartbeat since {age} (limit {heartbeat_timeout:g} s)", run,
+            ))
+    if not candidates:
+        return []
+    scheduler = slurm.scheduler()
+    snapshot = scheduler.status([doc["job_name"] for _, doc, _, _ in candidates], accounting=False)
+    reports = []
+    for path, doc, reason, run in candidates:
+        live = tuple(
+            job_id for job_id, record in snapshot.queue.items()
+            if record.name == doc["job_name"] and record.state.active
+        )
+        if run is None and not live:
+            continue  # finished run, nothing left in the queue
+        report = OrphanReport(doc["run_id"], doc["job_name"], live, reason, run is not None)
+        reports.append(report)
+        if dry_run:
+            continue
+        _act(instance, slurm, path, doc, report, run)
+    return reports
+
+
+def _act(instance: Any, slurm: SlurmResource, path: str, doc: dict[str, Any],
+         report: OrphanReport, run: Any) -> None:
+    log.warning("orphaned run session %s (run %s): %s; cancelling %s", report.job_name,
+                report.run_id, report.reason, ", ".join(report.job_ids) or "nothing queued")
+    slurm.scheduler().cancel(job_name=report.job_name)
+    lock = path.rsplit("/", 1)[0] + "/lock"
+    slurm.agent().run(txn_op(path, lock, [
+        {"op": "add", "path": "/closed_at", "value_now": 0},
+        {"op": "add", "path": "/closed_reason", "value": f"orphan: {report.reason}"},
+    ]))
+    if run is not None:
+        instance.report_run_failed(
+            run,
+            f"dagster-slurm: the run's supervising process stopped ({report.reason}); its Slurm "
+            f"allocation(s) {', '.join(report.job_ids) or '(none queued)'} were cancelled",
+        )
+
+
+def build_slurm_orphan_reconcile_sensor(
+    slurm: SlurmResource | None = None,
+    *,
+    resource_key: str | None = None,
+    name: str = "slurm_orphan_reconcile_sensor",
+    minimum_interval_seconds: int = 60,
+    heartbeat_timeout: float = 300.0,
+    default_status: Any = None,
+) -> Any:
+    """A Dagster sensor that runs :func:`reconcile_orphaned_slurm_runs` on every tick.
+
+    Give the cluster as ``slurm`` (a :class:`SlurmResource`), or as ``resource_key`` naming a
+    resource of the Definitions (a ``SlurmResource`` or a ``ComputeResource``). Each tick
+    reports what it cancelled in its skip message; it never requests runs.
+    """
+    import dagster as dg
+
+    if (slurm is None) == (resource_key is None):
+        from dagster_slurm.errors import ConfigurationError
+
+        raise ConfigurationError("slurm", slurm, "give exactly one of slurm= or resource_key=")
+
+    kwargs: dict[str, Any] = {}
+    if default_status is not None:
+        kwargs["default_status"] = default_status
+
+    @dg.sensor(
+        name=name, minimum_interval_seconds=minimum_interval_seconds,
+        required_resource_keys={resource_key} if resource_key else None, **kwargs,
+    )
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+        cluster = slurm
+        if resource_key is not None:
+            resource = getattr(context.resources, resource_key)
+            cluster = getattr(resource, "slurm", resource)
+        assert isinstance(cluster, SlurmResource)
+        cluster.acquire()
+        try:
+            reports = reconcile_orphaned_slurm_runs(
+                context.instance, cluster, heartbeat_timeout=heartbeat_timeout
+            )
+        finally:
+            cluster.release()
+        if not reports:
+            return dg.SkipReason("no orphaned Slurm run sessions")
+        return dg.SkipReason("; ".join(
+            f"run {r.run_id}: cancelled {', '.join(r.job_ids) or 'nothing'} ({r.reason})"
+            for r in reports
+        ))
+
+    return _sensor

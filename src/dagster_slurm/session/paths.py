@@ -1,0 +1,96 @@
+"""Where a run session keeps its files on the cluster (pure).
+
+Layout under ``<base>/sessions/<run id>-<config digest>/``::
+
+    allocation.json            the session document (see dagster_slurm.state.schema)
+    lock                       its lock directory
+    heartbeat                  touched by the supervisors; its mtime feeds the dead-man's switch
+    allocation-<job id>.log    the allocation's batch output (Ray start, step server)
+    submit/<token>/            the allocation's batch script and step server, per submission
+    jobs/<job id>/             per allocation: nodes, ready, drained, requests/, steps/
+    jobs/<job id>/steps/<step>/<invocation>/   one compute.run: Pipes files, status, drain
+
+The document, its lock and the heartbeat stay at the same place across allocations, so a
+restarted process finds the session (and any successor) from the run id alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dagster_slurm.compute.paths import InvocationPaths, safe_name
+
+SESSIONS_DIR = "sessions"
+
+
+def session_name(run_id: str, digest: str = "") -> str:
+    """The session's directory name: the run id, plus the digest of its configuration
+    (two run-scoped resources with different shapes in one run get two sessions)."""
+    return safe_name(run_id, 64) + (f"-{safe_name(digest, 16)}" if digest else "")
+
+
+def session_job_name(run_id: str, digest: str = "") -> str:
+    """``dsr-<session name>``: the Slurm job name of every allocation of the session."""
+    return f"dsr-{session_name(run_id, digest)}"
+
+
+@dataclass(frozen=True)
+class SessionPaths:
+    """Paths of one run session on the cluster."""
+
+    base: str
+    session_dir: str
+
+    @classmethod
+    def create(cls, base: str, run_id: str, digest: str = "") -> SessionPaths:
+        base = base.rstrip("/")
+        return cls(base, f"{base}/{SESSIONS_DIR}/{session_name(run_id, digest)}")
+
+    @property
+    def sessions_root(self) -> str:
+        return f"{self.base}/{SESSIONS_DIR}"
+
+    @property
+    def document(self) -> str:
+        return f"{self.session_dir}/allocation.json"
+
+    @property
+    def lock(self) -> str:
+        return f"{self.session_dir}/lock"
+
+    @property
+    def heartbeat(self) -> str:
+        return f"{self.session_dir}/heartbeat"
+
+    @property
+    def output(self) -> str:
+        """The allocation's batch output; ``%j`` is the job id (Slurm fills it in)."""
+        return f"{self.session_dir}/allocation-%j.log"
+
+    def output_of(self, job_id: str) -> str:
+        return f"{self.session_dir}/allocation-{job_id}.log"
+
+    def submit_dir(self, token: str) -> str:
+        return f"{self.session_dir}/submit/{token}"
+
+    def job_dir(self, job_id: str) -> str:
+        return f"{self.session_dir}/jobs/{job_id}"
+
+    def ready(self, job_id: str) -> str:
+        return f"{self.job_dir(job_id)}/ready"
+
+    def nodes(self, job_id: str) -> str:
+        return f"{self.job_dir(job_id)}/nodes"
+
+    def drained(self, job_id: str) -> str:
+        return f"{self.job_dir(job_id)}/drained"
+
+    def request(self, job_id: str, request_id: str, suffix: str = "request") -> str:
+        return f"{self.job_dir(job_id)}/requests/{request_id}.{suffix}"
+
+    def steps_dir(self, job_id: str) -> str:
+        return f"{self.job_dir(job_id)}/steps"
+
+    def invocation(self, job_id: str, step_key: str, invocation: str | None = None) -> InvocationPaths:
+        """The files of one step invocation inside allocation ``job_id``."""
+        return InvocationPaths.create_under(self.steps_dir(job_id), self.base, step_key, invocation)

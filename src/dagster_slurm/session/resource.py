@@ -1,0 +1,99 @@
+"""``SlurmSessionResource``: a run session configured on its own, for steps without Pipes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field
+
+from dagster_slurm.launchers.base import ComputeLauncher
+from dagster_slurm.launchers.bash import BashLauncher
+from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.session.allocation import SlurmAllocation
+from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.errors import SlurmStepExecutionResult
+from dagster_slurm.session.session import RunSession, session_digest
+
+
+class SlurmSessionResource(ConfigurableResource):
+    """One allocation per Dagster run, shared by the run's steps, with explicit settings.
+
+    ``get_session(context)`` returns the run's session in this process (the same object
+    ``ComputeResource.get_run_allocation_session`` returns for its own settings);
+    ``execute_in_session(context, command)`` runs a command as a step of the allocation
+    and returns a :class:`~dagster_slurm.session.errors.SlurmStepExecutionResult`. The
+    allocation is cancelled at the run's teardown (see :mod:`dagster_slurm.session.lifecycle`).
+    """
+
+    slurm: SlurmResource = Field(description="The cluster and its queue defaults.")
+    run_allocation: SlurmRunAllocationConfig = Field(
+        default_factory=SlurmRunAllocationConfig,
+        description="Shape of the allocation; fields left None take the queue's values.",
+    )
+    launcher: ComputeLauncher = Field(
+        default_factory=BashLauncher,
+        description="Launcher of the allocation: a RayLauncher starts Ray once in it.",
+    )
+    pre_deployed_env_path: str | None = Field(
+        default=None,
+        description="Environment on the cluster to activate (None: pack the current one).",
+    )
+    auto_detect_platform: bool = Field(
+        default=True, description="Detect the cluster's Python platform when packing."
+    )
+    env_packages: list[str] | None = Field(
+        default=None, description="Requirements to pack instead of the whole current environment."
+    )
+    poll_interval: float = Field(default=0.25, description="Seconds between step status reads.")
+
+    def get_session(self, context: Any) -> RunSession:
+        """This process's session of the context's run (nothing is submitted yet)."""
+        from dagster_slurm.compute.environment import activation_for
+        from dagster_slurm.session.lifecycle import session_for
+
+        config = self.run_allocation
+        digest = session_digest(config.queue_for(self.slurm.queue), config, self.launcher)
+        run_id = context.run_id
+
+        def factory() -> RunSession:
+            return RunSession(
+                self.slurm, run_id, config, self.launcher,
+                activation=lambda: activation_for(self, context), poll_interval=self.poll_interval,
+            )
+
+        return session_for(f"{self.slurm.base_path()}|{run_id}|{digest}", factory)
+
+    def allocation(self, context: Any) -> SlurmAllocation:
+        """The run's current allocation (submitted or attached to, and ready)."""
+        return self.get_session(context).ensure(getattr(context, "log", None))
+
+    def execute_in_session(
+        self,
+        context: Any,
+        command: str | Sequence[str],
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        raise_on_error: bool = True,
+    ) -> SlurmStepExecutionResult:
+        """Run ``command`` as a step of the run's allocation; see
+        :meth:`RunSession.execute_in_session`. ``name`` defaults to the step key."""
+        if name is None:
+            name = context.get_step_execution_context().step.key
+        return self.get_session(context).execute_in_session(
+            command, name=name, env=env, raise_on_error=raise_on_error,
+            logger=getattr(context, "log", None),
+        )
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self.slurm.acquire()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        from dagster_slurm.session.lifecycle import close_run_sessions
+
+        try:
+            close_run_sessions(context)
+        finally:
+            self.slurm.release()
