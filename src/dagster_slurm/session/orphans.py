@@ -172,7 +172,7 @@ def build_slurm_orphan_reconcile_sensor(
         name=name, minimum_interval_seconds=minimum_interval_seconds,
         required_resource_keys={resource_key} if resource_key else None, **kwargs,
     )
-    def _sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+    def _sensor(context):  # noqa: ANN001, ANN202 - Dagster reads the annotations at runtime
         cluster = slurm
         if resource_key is not None:
             resource = getattr(context.resources, resource_key)

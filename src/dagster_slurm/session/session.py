@@ -128,6 +128,7 @@ class RunSession:
         self._lock = threading.RLock()
         self._heartbeat: _Heartbeat | None = None
         self._closed = False
+        self._used = False
 
     # -- the allocation --------------------------------------------------------------------
     @property
@@ -157,6 +158,7 @@ class RunSession:
             if self._closed:
                 raise SessionError(f"the run session {self.job_name} was closed in this process")
             if self._allocation is None:
+                self._used = True
                 self._start_heartbeat()
                 self._allocation = self._acquire(_Log(logger))
             return self._allocation
@@ -406,6 +408,8 @@ class RunSession:
         out = _Log(logger)
         try:
             self.slurm.scheduler().cancel(job_name=self.job_name)
+            if not self._used:
+                return  # this process never touched the session: leave no document behind
             self.store.transact([
                 {"op": "add", "path": "/closed_at", "value_now": 0},
                 {"op": "add", "path": "/closed_reason", "value": reason or "teardown"},

@@ -1,0 +1,122 @@
+"""Jobs and helpers for the run-scope tests that step subprocesses (and scripts) import.
+
+The multiprocess executor rebuilds the job in each step process from this module, so the
+job is configured through environment variables: ``DSLURM_TEST_SESSION`` (``ray`` or
+``bash``), ``DSLURM_TEST_PAYLOAD`` (the payload file), ``DSLURM_TEST_HEARTBEAT_TIMEOUT``.
+"""
+
+import os
+import subprocess
+
+import dagster as dg
+from compute_support import slurm_resource
+
+from dagster_slurm import ComputeResource, RayLauncher, SlurmRunAllocationConfig
+from dagster_slurm.launchers.bash import BashLauncher
+
+RAY_PACKAGES = ["dagster-pipes", "ray[default]==2.60.0"]
+
+RAY_SESSION_PAYLOAD = """
+import os, time
+import ray
+from dagster_pipes import open_dagster_pipes
+
+with open_dagster_pipes() as pipes:
+    started = time.time()
+    ray.init(address="auto", logging_level="ERROR")
+
+    @ray.remote
+    def square(x):
+        return x * x
+
+    total = sum(ray.get([square.remote(i) for i in range(4)]))
+    time.sleep(float(os.environ.get("HOLD_SECONDS", "0")))
+    pipes.report_asset_materialization(metadata={
+        "gcs_address": ray.get_runtime_context().gcs_address,
+        "ray_address": os.environ["RAY_ADDRESS"],
+        "slurm_job_id": os.environ["SLURM_JOB_ID"],
+        "slurm_step_id": os.environ.get("SLURM_STEP_ID", ""),
+        "window": [started, time.time()],
+        "total": total,
+    })
+"""
+
+
+def session_compute(kind: str | None = None, **allocation: object) -> ComputeResource:
+    """A run-scoped compute resource on the dev cluster (settings from the environment)."""
+    env = dict(os.environ)
+    kind = kind or env.get("DSLURM_TEST_SESSION", "bash")
+    timeout = env.get("DSLURM_TEST_HEARTBEAT_TIMEOUT")
+    allocation.setdefault("heartbeat_interval", float(env.get("DSLURM_TEST_HEARTBEAT_INTERVAL", "2")))
+    allocation.setdefault("heartbeat_timeout", float(timeout) if timeout else 600.0)
+    kwargs: dict[str, object] = {}
+    if kind == "ray":
+        launcher: object = RayLauncher(include_dashboard=False)
+        allocation.setdefault("mem", "2500M")
+        allocation.setdefault("cpus_per_task", 2)
+        if env.get("DAGSTER_SLURM_TEST_RAY_ENV_PATH"):
+            kwargs["pre_deployed_env_path"] = env["DAGSTER_SLURM_TEST_RAY_ENV_PATH"]
+        else:
+            kwargs["env_packages"] = RAY_PACKAGES
+    else:
+        launcher = BashLauncher()
+        if env.get("DAGSTER_SLURM_TEST_ENV_PATH"):
+            kwargs["pre_deployed_env_path"] = env["DAGSTER_SLURM_TEST_ENV_PATH"]
+        else:
+            kwargs["env_packages"] = ["dagster-pipes"]
+    return ComputeResource(
+        mode="slurm", slurm=slurm_resource(env), default_launcher=launcher,
+        allocation_scope="run", run_allocation=SlurmRunAllocationConfig(**allocation), **kwargs,
+    )
+
+
+def _payload_asset(name: str, deps: list[str]) -> dg.AssetsDefinition:
+    @dg.asset(name=name, deps=deps)
+    def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):
+        yield from compute.run(context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"]).get_results()
+
+    return _asset
+
+
+def diamond_assets() -> list[dg.AssetsDefinition]:
+    """first -> (left, right) -> last: left and right can run at the same time."""
+    return [
+        _payload_asset("first", []),
+        _payload_asset("left", ["first"]),
+        _payload_asset("right", ["first"]),
+        _payload_asset("last", ["left", "right"]),
+    ]
+
+
+def diamond_job() -> dg.JobDefinition:
+    """The diamond under the multiprocess executor (2 steps at a time)."""
+    defs = dg.Definitions(
+        assets=diamond_assets(),
+        resources={"compute": session_compute()},
+        jobs=[dg.define_asset_job(
+            "diamond", executor_def=dg.multiprocess_executor.configured({"max_concurrent": 2}),
+        )],
+    )
+    return defs.resolve_job_def("diamond")
+
+
+def active_jobs(env: dict[str, str], prefix: str) -> list[tuple[str, str, str]]:
+    """(job id, name, state) of the queue's pending or running jobs whose name starts with prefix."""
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%j|%T"], capture_output=True, text=True, check=True,
+        env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"},
+    ).stdout
+    rows = [tuple(line.split("|")) for line in out.splitlines() if line.strip()]
+    return [r for r in rows if r[1].startswith(prefix)
+            and r[2] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
+
+
+def accounted_jobs(env: dict[str, str], prefix: str) -> list[str]:
+    """Job ids sacct knows (allocations only, last hour) whose name starts with prefix."""
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%200", "-S", "now-1hours"],
+        capture_output=True, text=True, check=True,
+        env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"},
+    ).stdout
+    return [line.split("|")[0] for line in out.splitlines()
+            if "|" in line and line.split("|")[1].startswith(prefix)]

@@ -1,0 +1,429 @@
+"""The step server template, run with bash and stub Slurm commands (srun, scontrol, scancel)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dagster_slurm.compute.paths import InvocationPaths
+from dagster_slurm.session.allocation import parse_ready
+from dagster_slurm.session.paths import SessionPaths
+from dagster_slurm.session.session import render_server
+
+BASH = "/bin/bash"
+JOB_ID = "42"
+DEADLINE = 10.0
+
+# srun: ignore the options, record argv and pid, run what follows the word 'bash'.
+STUB_SRUN = """#!/bin/bash
+printf '%s\\n' "$*" >> "$STUB_LOG_DIR/srun.args"
+printf '%s\\n' "$$" >> "$STUB_LOG_DIR/srun.pids"
+while [ "$#" -gt 0 ] && [ "$1" != bash ]; do shift; done
+exec "$@"
+"""
+STUB_SCONTROL = """#!/bin/bash
+if [ "$1" = show ] && [ "$2" = hostnames ]; then
+    printf '%s\\n' "${3//,/$'\\n'}"
+    exit 0
+fi
+exit 1
+"""
+STUB_SCANCEL = """#!/bin/bash
+printf '%s\\n' "$*" >> "$STUB_LOG_DIR/scancel.args"
+"""
+
+# A step that waits (bounded: it always ends within ~20 s) until a file appears.
+WAIT_LOOP = "for _i in $(seq 200); do [ -e {flag} ] && break; sleep 0.1; done"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = DEADLINE,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def read(path: str | Path) -> str | None:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return None
+
+
+@dataclass
+class Server:
+    root: Path
+    paths: SessionPaths
+    proc: subprocess.Popen[bytes]
+    logs: Path
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.paths.job_dir(JOB_ID))
+
+    def log(self) -> str:
+        return read(self.root / "server.log") or ""
+
+    def wait_ready(self) -> dict[str, str]:
+        ready = self.paths.ready(JOB_ID)
+        wait_for(lambda: os.path.exists(ready), what=f"the ready file\n{self.log()}")
+        return parse_ready(Path(ready).read_text())
+
+    def request(self, request_id: str, body: str, *, name: str | None = None,
+                lines: list[str] | None = None) -> InvocationPaths:
+        """Write a step script and request it, atomically (temp name, then rename)."""
+        inv = self.paths.invocation(JOB_ID, name or f"step-{request_id}", "inv")
+        Path(inv.job_dir).mkdir(parents=True, exist_ok=True)
+        script = inv.file("dagster_slurm_step.sh")
+        Path(script).write_text("#!/bin/bash\n" + body + "\n")
+        if lines is None:
+            lines = [script, inv.stdout, inv.stderr, inv.status, inv.drain,
+                     name or f"step-{request_id}"]
+        target = Path(self.paths.request(JOB_ID, request_id))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f"{request_id}.tmp")
+        temp.write_text("\n".join(lines) + "\n")
+        os.rename(temp, target)
+        return inv
+
+    def cancel(self, request_id: str) -> None:
+        target = Path(self.paths.request(JOB_ID, request_id, "cancel"))
+        temp = target.with_name(f"{request_id}.tmpc")
+        temp.write_text("\n")
+        os.rename(temp, target)
+
+    def status(self, inv: InvocationPaths) -> str:
+        text = wait_for(lambda: read(inv.status),
+                        what=f"the status file {inv.status}\n{self.log()}")
+        return str(text).strip()
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+
+def _gone(pid: int) -> bool:
+    """The process ``pid`` has ended (it no longer exists, or is a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _kill_our_steps(logs: Path, root: Path) -> None:
+    """SIGKILL the steps our stub srun started (they run in sessions of their own)."""
+    pids = read(logs / "srun.pids") or ""
+    for line in pids.split():
+        try:
+            cmdline = Path(f"/proc/{line}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(root).encode() in cmdline:  # still our step, not a reused pid
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@contextmanager
+def step_server(tmp_path: Path, *, heartbeat_timeout: float | None = None,
+                drain_signal: str = "USR1", ray_address: str | None = "10.1.2.3:6379",
+                nodelist: str = "n1", before_start: Callable[[SessionPaths], None] | None = None,
+                ) -> Iterator[Server]:
+    stubs, logs = tmp_path / "bin", tmp_path / "stub-logs"
+    stubs.mkdir()
+    logs.mkdir()
+    for name, text in (("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL),
+                       ("scancel", STUB_SCANCEL)):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(0o755)
+    paths = SessionPaths.create(str(tmp_path), "run1")
+    Path(paths.session_dir).mkdir(parents=True)
+    script = tmp_path / "step_server.sh"
+    script.write_text(render_server(paths, "tok", drain_signal, heartbeat_timeout))
+    if before_start is not None:
+        before_start(paths)
+    env = {
+        "PATH": f"{stubs}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(tmp_path),
+        "LC_ALL": "C",
+        "STUB_LOG_DIR": str(logs),
+        "SLURM_JOB_ID": JOB_ID,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURMD_NODENAME": "n1",
+    }
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen(
+            [BASH, str(script)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    server = Server(tmp_path, paths, proc, logs)
+    try:
+        yield server
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=DEADLINE)
+        _kill_our_steps(logs, tmp_path)
+
+
+# -- the rendered script -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("drain", "timeout"), [("USR1", None), ("TERM", 600.0), ("USR2", 5.0)])
+def test_rendered_server_is_valid_bash(tmp_path: Path, drain: str, timeout: float | None) -> None:
+    paths = SessionPaths.create(str(tmp_path / "a dir with 'quotes'"), "run1", "abcd1234")
+    text = render_server(paths, "tok", drain, timeout)
+    script = tmp_path / "server.sh"
+    script.write_text(text)
+    checked = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert "@@{" not in text
+    assert shlex.quote(paths.session_dir) in text
+    assert shlex.quote(paths.heartbeat) in text
+    assert shlex.quote(paths.submit_dir("tok")) in text
+
+
+def test_rendered_heartbeat_limit_is_whole_seconds_or_empty(tmp_path: Path) -> None:
+    paths = SessionPaths.create(str(tmp_path), "run1")
+    assert "__ss_heartbeat_timeout=600\n" in render_server(paths, "t", "USR1", 600.7)
+    assert "__ss_heartbeat_timeout=''\n" in render_server(paths, "t", "USR1", None)
+
+
+def test_server_refuses_to_run_outside_an_allocation(tmp_path: Path) -> None:
+    paths = SessionPaths.create(str(tmp_path), "run1")
+    script = tmp_path / "server.sh"
+    script.write_text(render_server(paths, "tok", "USR1", None))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    done = subprocess.run([BASH, str(script)], env=env, capture_output=True, text=True,
+                          timeout=DEADLINE)
+    assert done.returncode != 0
+    assert "inside a Slurm allocation" in done.stderr
+    assert not (Path(paths.session_dir) / "jobs").exists()
+
+
+# -- startup -----------------------------------------------------------------------------------
+
+
+def test_server_writes_nodes_and_ready(tmp_path: Path) -> None:
+    with step_server(tmp_path, nodelist="n1,n2") as server:
+        ready = server.wait_ready()
+        assert ready["job_id"] == JOB_ID
+        assert ready["head"] == "n1"
+        assert ready["ray_address"] == "10.1.2.3:6379"
+        assert ready["started_at"].isdigit()
+        assert (server.job_dir / "nodes").read_text() == "n1\nn2\n"
+        assert (server.job_dir / "requests").is_dir()
+        assert os.readlink(server.job_dir / "launch") == server.paths.submit_dir("tok")
+        assert server.proc.poll() is None
+        # written atomically: no temp files are left behind
+        assert not list(server.job_dir.glob("*.tmp.*"))
+
+
+def test_ready_without_ray_has_an_empty_address(tmp_path: Path) -> None:
+    with step_server(tmp_path, ray_address=None) as server:
+        assert server.wait_ready()["ray_address"] == ""
+
+
+# -- steps -------------------------------------------------------------------------------------
+
+
+def test_requested_step_runs_and_its_output_lands_in_its_files(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        inv = server.request(
+            "r1", 'echo "hello from the step"\necho "to stderr" >&2\n'
+            'echo "ray=$RAY_ADDRESS"\nexit 3',
+            name="my_step",
+        )
+        # srun's status reaches the status file when the step writes none itself
+        assert server.status(inv) == "3"
+        assert Path(inv.stdout).read_text() == "hello from the step\nray=10.1.2.3:6379\n"
+        assert Path(inv.stderr).read_text() == "to stderr\n"
+        requests = server.job_dir / "requests"
+        assert (requests / "r1.taken").exists() and not (requests / "r1.request").exists()
+        srun = (server.logs / "srun.args").read_text().split()
+        assert "--overlap" in srun and "--nodelist=n1" in srun
+        assert "--job-name=my_step" in srun
+        assert srun[-2:] == ["bash", inv.file("dagster_slurm_step.sh")]
+
+
+def test_a_status_written_by_the_step_is_kept(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        inv = server.paths.invocation(JOB_ID, "step-r1", "inv")
+        server.request("r1", f"echo 7 > {shlex.quote(inv.status)}\nexit 0")
+        assert server.status(inv) == "7"
+        pid = int((server.logs / "srun.pids").read_text().split()[0])
+        wait_for(lambda: _gone(pid), what="the first step to end")
+        # the second step's status is written by the server's reaping, which also covers
+        # the first (already ended) step: its own status must survive that
+        assert server.status(server.request("r2", "exit 6")) == "6"
+        assert Path(inv.status).read_text().strip() == "7"
+        assert "request r1 ended" not in server.log()
+
+
+def test_steps_run_concurrently_and_a_bad_request_is_skipped(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        flag = tmp_path / "release"
+        first = server.request("r1", WAIT_LOOP.format(flag=shlex.quote(str(flag))) + "\nexit 0")
+        server.request("bad", "exit 0", lines=["only", "three", "lines"])
+        second = server.request("r2", "exit 4")
+        # the second step ends while the first still waits
+        assert server.status(second) == "4"
+        assert read(first.status) is None
+        flag.write_text("go")
+        assert server.status(first) == "0"
+        assert "unreadable request bad" in server.log()
+        assert server.proc.poll() is None
+
+
+def test_cancel_file_stops_a_running_step(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        started = tmp_path / "started"
+        body = (f"touch {shlex.quote(str(started))}\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        inv = server.request("r1", body)
+        wait_for(started.exists, what="the step to start")
+        server.cancel("r1")
+        assert server.status(inv) == str(128 + signal.SIGTERM)
+        assert "cancelling step of request r1" in server.log()
+        # the server goes on serving
+        assert server.status(server.request("r2", "exit 0")) == "0"
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+def test_drain_signal_is_recorded_forwarded_and_stops_new_steps(tmp_path: Path) -> None:
+    with step_server(tmp_path, drain_signal="USR1") as server:
+        server.wait_ready()
+        started, got = tmp_path / "started", tmp_path / "got-usr1"
+        body = (f"trap 'echo USR1 > {shlex.quote(str(got))}; exit 5' USR1\n"
+                f"touch {shlex.quote(str(started))}\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        running = server.request("r1", body)
+        wait_for(started.exists, what="the step to start")
+        server.signal(signal.SIGUSR1)
+        wait_for(lambda: read(server.paths.drained(JOB_ID)) == "USR1\n",
+                 what=f"the drained file\n{server.log()}")
+        wait_for(got.exists, what=f"the step to receive USR1\n{server.log()}")
+        assert got.read_text() == "USR1\n"
+        assert server.status(running) == "5"
+        # the server itself keeps running after a drain
+        assert server.proc.poll() is None
+        # a request after the drain is answered without running
+        ran = tmp_path / "ran"
+        late = server.request("r2", f"touch {shlex.quote(str(ran))}\nexit 9")
+        assert server.status(late) == "0"
+        assert read(late.drain) == "USR1\n"
+        assert not ran.exists()
+        assert read(late.stdout) is None
+        assert "step step-r2 not started" in server.log()
+        assert (server.logs / "srun.args").read_text().count("\n") == 1
+
+
+def test_drain_with_no_step_running_still_refuses_later_steps(tmp_path: Path) -> None:
+    with step_server(tmp_path, drain_signal="USR2") as server:
+        server.wait_ready()
+        server.signal(signal.SIGUSR2)
+        wait_for(lambda: read(server.paths.drained(JOB_ID)) == "USR2\n",
+                 what=f"the drained file\n{server.log()}")
+        late = server.request("r1", "exit 9")
+        assert server.status(late) == "0"
+        assert read(late.drain) == "USR2\n"
+        assert server.proc.poll() is None
+
+
+# -- leaving -----------------------------------------------------------------------------------
+
+
+def test_term_stops_the_steps_and_the_server_exits(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        started = tmp_path / "started"
+        body = (f"touch {shlex.quote(str(started))}\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        inv = server.request("r1", body)
+        wait_for(started.exists, what="the step to start")
+        server.signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=DEADLINE) == 0
+        assert "signal TERM received" in server.log()
+        # the step got TERM and its status was recorded before the server left
+        assert server.status(inv) == str(128 + signal.SIGTERM)
+
+
+def test_term_is_the_drain_when_configured_so(tmp_path: Path) -> None:
+    with step_server(tmp_path, drain_signal="TERM") as server:
+        server.wait_ready()
+        server.signal(signal.SIGTERM)
+        wait_for(lambda: read(server.paths.drained(JOB_ID)) == "TERM\n",
+                 what=f"the drained file\n{server.log()}")
+        assert server.proc.poll() is None
+        server.signal(signal.SIGINT)
+        assert server.proc.wait(timeout=DEADLINE) == 0
+
+
+# -- dead-man's switch -------------------------------------------------------------------------
+
+
+def test_stale_heartbeat_cancels_the_allocation(tmp_path: Path) -> None:
+    def old_heartbeat(paths: SessionPaths) -> None:
+        Path(paths.heartbeat).write_text("login 1\n")
+        subprocess.run(["touch", "-d", "-60 seconds", paths.heartbeat], check=True)
+
+    with step_server(tmp_path, heartbeat_timeout=5, before_start=old_heartbeat) as server:
+        server.wait_ready()
+        scancel = server.logs / "scancel.args"
+        wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
+        assert scancel.read_text() == f"{JOB_ID}\n"
+        assert read(server.job_dir / "ended_by") == "heartbeat\n"
+        assert "no supervisor heartbeat" in server.log()
+
+
+def test_fresh_heartbeat_keeps_the_allocation(tmp_path: Path) -> None:
+    def heartbeat_file(paths: SessionPaths) -> None:
+        Path(paths.heartbeat).write_text("login 1\n")
+
+    stop = threading.Event()
+    with step_server(tmp_path, heartbeat_timeout=5, before_start=heartbeat_file) as server:
+        def beat() -> None:
+            while not stop.wait(0.5):
+                os.utime(server.paths.heartbeat)
+
+        beater = threading.Thread(target=beat, daemon=True)
+        beater.start()
+        try:
+            server.wait_ready()
+            # longer than the limit plus the 2 s check interval, with margin
+            end = time.monotonic() + 9
+            while time.monotonic() < end:
+                assert not (server.logs / "scancel.args").exists(), server.log()
+                assert server.proc.poll() is None, server.log()
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            beater.join(timeout=5)
