@@ -100,6 +100,36 @@ def diamond_job() -> dg.JobDefinition:
     return defs.resolve_job_def("diamond")
 
 
+FLAKY_PAYLOAD = """
+import os, sys
+from dagster_pipes import open_dagster_pipes
+marker = os.environ["FLAKY_MARKER"]
+with open_dagster_pipes() as pipes:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        sys.exit(7)
+    pipes.report_asset_materialization(metadata={"slurm_job_id": os.environ["SLURM_JOB_ID"]})
+"""
+
+
+def retry_job() -> dg.JobDefinition:
+    """One asset that fails on its first attempt and is retried in a new process."""
+
+    @dg.asset(retry_policy=dg.RetryPolicy(max_retries=1))
+    def flaky(context: dg.AssetExecutionContext, compute: ComputeResource):
+        yield from compute.run(
+            context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"],
+            extra_env={"FLAKY_MARKER": os.environ["FLAKY_MARKER"]},
+        ).get_results()
+
+    defs = dg.Definitions(
+        assets=[flaky],
+        resources={"compute": session_compute()},
+        jobs=[dg.define_asset_job("retry", executor_def=dg.multiprocess_executor)],
+    )
+    return defs.resolve_job_def("retry")
+
+
 def active_jobs(env: dict[str, str], prefix: str) -> list[tuple[str, str, str]]:
     """(job id, name, state) of the queue's pending or running jobs whose name starts with prefix."""
     out = subprocess.run(

@@ -20,10 +20,12 @@ import dagster as dg
 import pytest
 from compute_support import materialize_one, slurm_resource, step_failure, write_payload
 from session_support import (
+    FLAKY_PAYLOAD,
     RAY_SESSION_PAYLOAD,
     accounted_jobs,
     active_jobs,
     diamond_job,
+    retry_job,
     session_compute,
 )
 
@@ -105,6 +107,29 @@ def test_four_ray_assets_share_one_allocation_and_one_ray_cluster(env, tmp_path,
     prefix = f"dsr-{run_id}"
     assert wait_until(lambda: accounted_jobs(env, prefix), 20) == [meta["first"]["slurm_job_id"]]
     assert wait_until(lambda: not active_jobs(env, prefix), 30)
+
+
+def test_retried_step_reattaches_to_the_live_allocation(env, tmp_path, monkeypatch):
+    payload = write_payload(tmp_path, "flaky.py", FLAKY_PAYLOAD)
+    marker = tmp_path / "attempted"
+    for key, value in {**env, "DSLURM_TEST_SESSION": "bash", "DSLURM_TEST_PAYLOAD": payload,
+                       "FLAKY_MARKER": str(marker)}.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(HERE)
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        result = dg.execute_job(dg.reconstructable(retry_job), instance=instance)
+        assert result.success
+        logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+        records = instance.get_records_for_run(result.run_id, of_type=dg.DagsterEventType.STEP_START).records
+        pids = {r.event_log_entry.dagster_event.pid for r in records}
+    assert marker.exists() and len(pids) == 2, "the retry ran in a second process"
+    assert len([m for m in logs if m.startswith("Submitted run allocation")]) == 1, logs
+    assert any("found; attaching to it" in m for m in logs), logs
+    job_id = metadata(result)["flaky"]["slurm_job_id"]
+    requested = [m for m in logs if m.startswith("Step flaky requested in run allocation")]
+    assert len(requested) == 2 and all(f"allocation {job_id};" in m for m in requested), requested
+    assert wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 30)
 
 
 def _ensure_at_barrier(env: dict, run_id: str, barrier, results) -> None:  # noqa: ANN001

@@ -208,15 +208,17 @@ class ComputeResource(ConfigurableResource):
                 "a run allocation session exists only with mode='slurm' and allocation_scope='run'",
             )
         from dagster_slurm.compute.slurm_runner import PendingPolicy
-        from dagster_slurm.session.lifecycle import session_for
+        from dagster_slurm.session.lifecycle import run_id_of, session_for
         from dagster_slurm.session.session import RunSession, session_digest
 
         assert self.slurm is not None
         slurm = self.slurm
         config = self.run_allocation or SlurmRunAllocationConfig()
         launcher = self.default_launcher
-        digest = session_digest(config.queue_for(slurm.queue), config, launcher)
-        run_id = context.run_id
+        digest = session_digest(config.queue_for(slurm.queue), config, launcher, [self.pre_deployed_env_path, self.env_packages])
+        run_id = run_id_of(context)
+        if run_id is None:
+            raise ConfigurationError("context", context, "is not the context of a Dagster run")
 
         def factory() -> RunSession:
             return RunSession(
@@ -238,12 +240,7 @@ class ComputeResource(ConfigurableResource):
 
         run_id, step_key = step_identity(context)
         if self.mode == "slurm" and self.allocation_scope is SlurmAllocationScope.RUN:
-            from dagster_slurm.agent import remove_op
-
-            session = self.get_run_allocation_session(context, start=False)
-            allocation = session.ensure(context.log)
-            paths = allocation.invocation(step_key)
-            self.slurm.agent().run(remove_op(paths.step_dir, root=paths.base))  # type: ignore[union-attr]
+            self.get_run_allocation_session(context, start=False).cleanup_step(step_key)
             return
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import default_local_base

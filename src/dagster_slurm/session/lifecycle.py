@@ -75,11 +75,23 @@ def run_is_over(instance: Any, run_id: str | None) -> tuple[bool, str]:
     return False, f"{len(remaining)} step(s) of the run have not finished"
 
 
+def run_id_of(context: Any) -> str | None:
+    """The run id of a Dagster execution or resource context (None outside a run)."""
+    try:
+        run = context.run
+        run_id = getattr(run, "run_id", None)
+        if isinstance(run_id, str):
+            return run_id
+    except Exception:  # noqa: BLE001, S110 - contexts without a run
+        pass
+    value = getattr(context, "run_id", None)
+    return value if isinstance(value, str) else None
+
+
 def close_run_sessions(context: Any) -> None:
     """Teardown of a resource in this process: close its sessions of the current run,
     cancelling their allocations when the run is over or this process was interrupted."""
-    run = getattr(context, "dagster_run", None)
-    run_id = getattr(run, "run_id", None) or getattr(context, "run_id", None)
+    run_id = run_id_of(context)
     if run_id is None:
         return
     sessions = sessions_of_run(run_id)

@@ -1,8 +1,8 @@
 """Find run sessions whose supervisor died, cancel their allocations and fail their runs.
 
 A session is an orphan when its run is unfinished in the Dagster instance but no process
-has written its heartbeat for ``heartbeat_timeout`` seconds (the run's process was
-SIGKILLed, its machine died), or when its run has finished but an allocation of the
+has written its heartbeat, and the run has written no event, for ``heartbeat_timeout``
+seconds (the run's process was SIGKILLed, its machine died), or when its run has finished but an allocation of the
 session is still in the queue (a teardown that could not cancel). Sessions of runs the
 instance does not know are left alone: the base path may be shared with other deployments.
 
@@ -13,6 +13,7 @@ candidate's job name; each orphan costs one scancel and one transaction.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -74,17 +75,30 @@ def _last_sign_of_life(doc: dict[str, Any]) -> float | None:
     return max(known) if known else None
 
 
+def _quiet_for(instance: Any, run_id: str) -> float | None:
+    """Seconds since the run's last event in the instance (None when it has none)."""
+    try:
+        records = instance.get_records_for_run(run_id, ascending=False, limit=1).records
+    except Exception:  # noqa: BLE001 - an instance without the query: heartbeat alone decides
+        return None
+    if not records:
+        return None
+    return max(0.0, time.time() - records[0].event_log_entry.timestamp)
+
+
 def reconcile_orphaned_slurm_runs(
     instance: Any,
     slurm: SlurmResource,
     *,
-    heartbeat_timeout: float = 300.0,
+    heartbeat_timeout: float = 600.0,
     dry_run: bool = False,
 ) -> list[OrphanReport]:
     """Cancel the allocations of orphaned run sessions and mark their runs failed.
 
-    ``heartbeat_timeout``: seconds without a supervisor heartbeat after which an unfinished
-    run's session counts as orphaned; keep it well above the sessions' heartbeat_interval.
+    ``heartbeat_timeout``: seconds without a supervisor heartbeat, and without any event of
+    the run in the instance, after which an unfinished run's session counts as orphaned.
+    Keep it above the sessions' heartbeat_interval and above the longest gap between steps
+    that use the session (under the multiprocess executor no process beats between them).
     ``dry_run``: report only. Returns what was (or would be) done.
     """
     candidates: list[tuple[str, dict[str, Any], str, Any]] = []
@@ -100,6 +114,9 @@ def reconcile_orphaned_slurm_runs(
         if status in _FINISHED:
             candidates.append((path, doc, f"the run is {status} but its allocation is still queued", None))
         elif status in _UNFINISHED and (last is None or now - last > heartbeat_timeout):
+            quiet = _quiet_for(instance, run_id)
+            if quiet is not None and quiet <= heartbeat_timeout:
+                continue  # the run still writes events: a step that does not use the session
             age = "never" if last is None else f"{now - last:.0f} s ago"
             candidates.append((
                 path, doc, f"no supervisor heartbeat since {age} (limit {heartbeat_timeout:g} s)", run,
@@ -148,7 +165,7 @@ def build_slurm_orphan_reconcile_sensor(
     resource_key: str | None = None,
     name: str = "slurm_orphan_reconcile_sensor",
     minimum_interval_seconds: int = 60,
-    heartbeat_timeout: float = 300.0,
+    heartbeat_timeout: float = 600.0,
     default_status: Any = None,
 ) -> Any:
     """A Dagster sensor that runs :func:`reconcile_orphaned_slurm_runs` on every tick.

@@ -51,11 +51,14 @@ class SlurmSessionResource(ConfigurableResource):
     def get_session(self, context: Any) -> RunSession:
         """This process's session of the context's run (nothing is submitted yet)."""
         from dagster_slurm.compute.environment import activation_for
-        from dagster_slurm.session.lifecycle import session_for
+        from dagster_slurm.errors import ConfigurationError
+        from dagster_slurm.session.lifecycle import run_id_of, session_for
 
         config = self.run_allocation
-        digest = session_digest(config.queue_for(self.slurm.queue), config, self.launcher)
-        run_id = context.run_id
+        digest = session_digest(config.queue_for(self.slurm.queue), config, self.launcher, [self.pre_deployed_env_path, self.env_packages])
+        run_id = run_id_of(context)
+        if run_id is None:
+            raise ConfigurationError("context", context, "is not the context of a Dagster run")
 
         def factory() -> RunSession:
             return RunSession(

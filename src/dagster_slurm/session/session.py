@@ -76,11 +76,13 @@ def render_server(paths: SessionPaths, token: str, drain_signal: str, heartbeat_
     })
 
 
-def session_digest(queue: Any, config: SlurmRunAllocationConfig, launcher: ComputeLauncher) -> str:
-    """8 hex digits identifying an allocation's shape and launcher configuration."""
+def session_digest(queue: Any, config: SlurmRunAllocationConfig, launcher: ComputeLauncher,
+                   environment: Any = None) -> str:
+    """8 hex digits identifying an allocation's shape, launcher and environment settings
+    (resources that differ in any of them get separate sessions)."""
     text = json.dumps(
         [queue.model_dump(mode="json"), config.snapshot(), type(launcher).__name__,
-         launcher.model_dump(mode="json")],
+         launcher.model_dump(mode="json"), environment],
         sort_keys=True, default=str,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:8]
@@ -372,6 +374,23 @@ class RunSession:
             {"op": "remove", "path": "/allocation"},
         ])
 
+    def cleanup_step(self, step_key: str) -> None:
+        """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every
+        allocation the session has had; submits nothing."""
+        from dagster_slurm.agent import remove_op
+        from dagster_slurm.compute.paths import safe_name
+
+        doc = self.store.snapshot().doc or {}
+        job_ids = {str(r.get("job_id")) for r in [doc.get("allocation") or {},
+                                                   *(doc.get("history") or {}).values()]
+                   if isinstance(r, dict) and r.get("job_id")}
+        if not job_ids:
+            return
+        with self.slurm.agent().batch() as batch:
+            for job_id in sorted(job_ids):
+                step_dir = f"{self.paths.steps_dir(job_id)}/{safe_name(step_key, 100)}"
+                batch.add(remove_op(step_dir, root=self.paths.session_dir))
+
     # -- heartbeat and teardown ------------------------------------------------------------
     def beat(self) -> None:
         """One heartbeat: ``/heartbeat`` in the document and the heartbeat file's mtime."""
@@ -447,8 +466,10 @@ _ENDED: Any = object()
 
 
 class _ReadyWatch:
-    """One allocation being waited for: each :meth:`poll` is one round trip (squeue and the
-    step server's ready file together)."""
+    """One allocation being waited for: each :meth:`poll` is one round trip (the step
+    server's ready file, with squeue when due)."""
+
+    CHECK_INTERVAL = 2.0
 
     def __init__(self, session: RunSession, job_id: str, out: _Log) -> None:
         from dagster_slurm.compute.slurm_runner import _PendingTracker
@@ -458,24 +479,36 @@ class _ReadyWatch:
         self.out = out
         self.tracker = _PendingTracker(job_id, session.pending, out.info)
         self.running_since: float | None = None
+        self.next_check = 0.0
         self.delay = 0.25
 
     def poll(self) -> dict[str, Any] | None:
         """The ready file's values once it exists; ``_ENDED`` when the allocation ended
-        after accepting steps (retired); None while waiting. Raises when it failed."""
+        after accepting steps (retired); None while waiting. Raises when it failed.
+
+        While the allocation is pending every poll asks squeue (for its reason); once it
+        runs, the ready file is read every poll and squeue every ``CHECK_INTERVAL`` seconds,
+        and always before a ready file is trusted (it may be an ended allocation's)."""
         session, job_id = self.session, self.job_id
         scheduler = session.slurm.scheduler()
+        check = self.running_since is None or time.monotonic() >= self.next_check
         with scheduler.agent.batch() as batch:
-            status = batch.add(scheduler.status_op([session.job_name], [job_id]))
+            status = batch.add(scheduler.status_op([session.job_name], [job_id])) if check else None
             ready = batch.add(tail_op([TailRequest(session.paths.ready(job_id), 0, 65536)]))
+        chunk = ready.result().files[0]
+        is_ready = chunk.exists and chunk.eof and chunk.data.endswith(b"\n")
+        if status is None:
+            if is_ready:
+                self.next_check, self.delay = 0.0, 0.0
+            return None
+        self.next_check = time.monotonic() + self.CHECK_INTERVAL
         snapshot = scheduler.snapshot(status.result(), batch.response.now if batch.response else None)
         observed = snapshot.job(job_id)
         ended = (observed.state is not None and observed.state.terminal) or (
             observed.state is None and snapshot.certain and job_id in snapshot.absent
         )
         state = observed.state.value if observed.state else "UNKNOWN"
-        chunk = ready.result().files[0]
-        if chunk.exists and chunk.eof and chunk.data.endswith(b"\n"):
+        if is_ready:
             if ended:
                 session._retire(job_id, "job_id", state)
                 self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
@@ -492,7 +525,7 @@ class _ReadyWatch:
         if observed.state is not None and observed.state.active and not observed.state.pending:
             self._running()
         else:
-            self.delay = min(self.delay * 1.5, 5.0)
+            self.delay = min(max(self.delay, 0.25) * 1.5, 5.0)
         return None
 
     def _running(self) -> None:
