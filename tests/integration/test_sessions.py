@@ -111,7 +111,7 @@ def test_four_ray_assets_share_one_allocation_and_one_ray_cluster(env, tmp_path,
 
 def test_retried_step_reattaches_to_the_live_allocation(env, tmp_path, monkeypatch):
     payload = write_payload(tmp_path, "flaky.py", FLAKY_PAYLOAD)
-    marker = tmp_path / "attempted"
+    marker = Path(f"/tmp/dslurm-flaky-{uuid.uuid4().hex}")  # written by the job's user
     for key, value in {**env, "DSLURM_TEST_SESSION": "bash", "DSLURM_TEST_PAYLOAD": payload,
                        "FLAKY_MARKER": str(marker)}.items():
         monkeypatch.setenv(key, value)
@@ -130,6 +130,7 @@ def test_retried_step_reattaches_to_the_live_allocation(env, tmp_path, monkeypat
     requested = [m for m in logs if m.startswith("Step flaky requested in run allocation")]
     assert len(requested) == 2 and all(f"allocation {job_id};" in m for m in requested), requested
     assert wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 30)
+    marker.unlink()
 
 
 def _ensure_at_barrier(env: dict, run_id: str, barrier, results) -> None:  # noqa: ANN001

@@ -215,7 +215,8 @@ class ComputeResource(ConfigurableResource):
         slurm = self.slurm
         config = self.run_allocation or SlurmRunAllocationConfig()
         launcher = self.default_launcher
-        digest = session_digest(config.queue_for(slurm.queue), config, launcher, [self.pre_deployed_env_path, self.env_packages])
+        environment = [self.pre_deployed_env_path, self.env_packages]
+        digest = session_digest(config.queue_for(slurm.queue), config, launcher, environment)
         run_id = run_id_of(context)
         if run_id is None:
             raise ConfigurationError("context", context, "is not the context of a Dagster run")
@@ -226,7 +227,7 @@ class ComputeResource(ConfigurableResource):
                 activation=lambda: self._prepare_environment(context),
                 pending=PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
                                       self.pending_grace_seconds),
-                poll_interval=self.pipes_poll_interval,
+                poll_interval=self.pipes_poll_interval, environment=environment,
             )
 
         session = session_for(f"{slurm.base_path()}|{run_id}|{digest}", factory)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagster import Config
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -120,6 +120,15 @@ class SlurmRunAllocationConfig(Config):
             )
         return value
 
+    @model_validator(mode="after")
+    def _check_heartbeat(self) -> SlurmRunAllocationConfig:
+        if self.heartbeat_timeout is not None and self.heartbeat_timeout <= 2 * self.heartbeat_interval:
+            raise ConfigurationError(
+                "heartbeat_timeout", self.heartbeat_timeout,
+                f"must exceed twice heartbeat_interval ({self.heartbeat_interval} s)",
+            )
+        return self
+
     def queue_for(self, queue: SlurmQueueConfig) -> SlurmQueueConfig:
         """``queue`` with this configuration's fields applied; checked as a whole (times,
         signal, directives), so a bad combination fails naming the field and the value."""
@@ -133,16 +142,27 @@ class SlurmRunAllocationConfig(Config):
             values["mem"] = None
         elif self.mem is not None:
             values["mem_per_cpu"] = None
-        if self.heartbeat_timeout is not None and self.heartbeat_timeout <= 2 * self.heartbeat_interval:
-            raise ConfigurationError(
-                "heartbeat_timeout", self.heartbeat_timeout,
-                f"must exceed twice heartbeat_interval ({self.heartbeat_interval} s)",
-            )
         return SlurmQueueConfig(**values)
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able copy, recorded in the session document with the allocation."""
         return self.model_dump(mode="json")
+
+
+_MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _megabytes(value: object) -> float | None:
+    """A Slurm memory size (``4096``, ``4096M``, ``4G``) in megabytes; None if unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    text = value.strip().upper()
+    unit = text[-1] if text[-1] in _MEMORY_UNITS else "M"
+    number = text[:-1] if text[-1] in _MEMORY_UNITS else text
+    try:
+        return float(number) * _MEMORY_UNITS[unit]
+    except ValueError:
+        return None
 
 
 def shape_mismatches(allocation: SbatchSpec, overrides: Mapping[str, Any]) -> list[str]:
@@ -164,8 +184,11 @@ def shape_mismatches(allocation: SbatchSpec, overrides: Mapping[str, Any]) -> li
         if name not in SHAPE_FIELDS:
             continue
         mine, theirs = getattr(asked, name), getattr(allocation, name)
-        if name in ("mem", "mem_per_cpu") and mine is None:
-            continue
+        if name in ("mem", "mem_per_cpu"):
+            if mine is None:
+                continue
+            if _megabytes(mine) == _megabytes(theirs):
+                continue
         if mine != theirs:
             problems.append(f"{name}: the step asks for {mine!r}, the run allocation has {theirs!r}")
     return problems

@@ -5,7 +5,7 @@ in-process executor, once per step process with the multiprocess executor. A ste
 cannot cancel the run's allocation just because its own step is done (the next step would
 need a new allocation), so :func:`run_is_over` asks the Dagster instance: the run has a
 final or cancelling status, or every planned step has finished (success, failure or
-skipped). When a step process leaves while the run goes on, its heartbeat stops; the
+skipped) or can never start (it depends on a failed step). When a step process leaves while the run goes on, its heartbeat stops; the
 allocation then lives on for the next step, and ends by its dead-man's switch
 (``heartbeat_timeout``) if no step comes.
 """
@@ -45,6 +45,28 @@ _FINAL_RUN_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELING", "CANCELED"})
 _FINISHED_STEP_STATUSES = frozenset({"SUCCESS", "FAILURE", "SKIPPED"})
 
 
+def _downstream_of(snapshot: Any, failed: set[str]) -> set[str]:
+    """Steps of the plan that depend, directly or not, on a step in ``failed`` (Dagster
+    gives such steps no status when it abandons them)."""
+    if not failed:
+        return set()
+    upstream: dict[str, set[str]] = {}
+    for step in snapshot.steps:
+        keys = upstream.setdefault(step.key, set())
+        for step_input in getattr(step, "inputs", None) or ():
+            for handle in getattr(step_input, "upstream_output_handles", None) or ():
+                keys.add(handle.step_key)
+    doomed: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for key, deps in upstream.items():
+            if key not in doomed and deps & (failed | doomed):
+                doomed.add(key)
+                changed = True
+    return doomed
+
+
 def run_is_over(instance: Any, run_id: str | None) -> tuple[bool, str]:
     """``(over, why)``: whether the Dagster run ``run_id`` will start no further step.
 
@@ -62,11 +84,13 @@ def run_is_over(instance: Any, run_id: str | None) -> tuple[bool, str]:
             return True, f"the run is {status}"
         snapshot = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
         planned = set(snapshot.step_keys_to_execute or [step.key for step in snapshot.steps])
-        finished = {
-            stats.step_key
+        statuses = {
+            stats.step_key: getattr(stats.status, "value", None)
             for stats in instance.get_run_step_stats(run_id)
-            if getattr(stats.status, "value", None) in _FINISHED_STEP_STATUSES
         }
+        finished = {key for key, value in statuses.items() if value in _FINISHED_STEP_STATUSES}
+        failed = {key for key, value in statuses.items() if value == "FAILURE"}
+        finished |= _downstream_of(snapshot, failed)  # never started: their upstream failed
     except Exception as exc:  # noqa: BLE001 - when in doubt, end the allocation
         return True, f"the run's state could not be read ({exc})"
     remaining = planned - finished

@@ -55,7 +55,8 @@ class SlurmSessionResource(ConfigurableResource):
         from dagster_slurm.session.lifecycle import run_id_of, session_for
 
         config = self.run_allocation
-        digest = session_digest(config.queue_for(self.slurm.queue), config, self.launcher, [self.pre_deployed_env_path, self.env_packages])
+        environment = [self.pre_deployed_env_path, self.env_packages]
+        digest = session_digest(config.queue_for(self.slurm.queue), config, self.launcher, environment)
         run_id = run_id_of(context)
         if run_id is None:
             raise ConfigurationError("context", context, "is not the context of a Dagster run")
@@ -64,6 +65,7 @@ class SlurmSessionResource(ConfigurableResource):
             return RunSession(
                 self.slurm, run_id, config, self.launcher,
                 activation=lambda: activation_for(self, context), poll_interval=self.poll_interval,
+                environment=environment,
             )
 
         return session_for(f"{self.slurm.base_path()}|{run_id}|{digest}", factory)

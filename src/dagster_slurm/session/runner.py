@@ -147,7 +147,9 @@ class SessionRunner:
 def _publish_tags(context: Any, job_id: str) -> None:
     """Record the allocation's job id as a run tag (best effort; for operators and sensors)."""
     try:
-        instance, run_id = context.instance, context.run_id
+        from dagster_slurm.session.lifecycle import run_id_of
+
+        instance, run_id = context.instance, run_id_of(context)
         key = "dagster-slurm/allocation"
         run = instance.get_run_by_id(run_id)
         if run is not None and run.tags.get(key) != job_id:

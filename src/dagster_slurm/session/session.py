@@ -92,7 +92,8 @@ class RunSession:
     """The run's shared allocation as used by this process; see the module docstring.
 
     ``activation`` returns the environment's activation script on the cluster (prepared on
-    first use); ``logger`` receives progress lines (Dagster's ``context.log`` works).
+    first use); ``environment`` describes the environment settings (JSON-able; part of the
+    session's digest, so resources with other environments get other sessions).
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class RunSession:
         activation: Callable[[], str | None],
         pending: Any = None,
         poll_interval: float = 0.25,
+        environment: Any = None,
     ) -> None:
         from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
         from dagster_slurm.compute.slurm_runner import PendingPolicy, _drain_signal
@@ -117,7 +119,7 @@ class RunSession:
         self.pending = pending or PendingPolicy(DEFAULT_FATAL_REASONS)
         self.poll_interval = poll_interval
         self.queue = config.queue_for(slurm.queue)  # checks the combination
-        self.digest = session_digest(self.queue, config, launcher)
+        self.digest = session_digest(self.queue, config, launcher, environment)
         self.paths = SessionPaths.create(slurm.base_path(), run_id, self.digest)
         self.job_name = session_job_name(run_id, self.digest)
         self.spec = self.queue.to_sbatch_spec(

@@ -107,6 +107,9 @@ __ss_start() {
         --export=ALL "--job-name=$name" bash "$script" > "$out" 2> "$err" < /dev/null &
     __ss_pids[$id]=$!
     __ss_status[$id]=$status
+    # A drain that arrived while srun was being started missed this step: send it now (a
+    # drain right after the pid was recorded may reach the step twice, never not at all).
+    [ -z "$__ss_drained" ] || kill -s "$__ss_drain_signal" "${__ss_pids[$id]}" 2>/dev/null || :
     __ss_log "started step $name (request $id)"
 }
 

@@ -112,7 +112,7 @@ def test_different_digests_give_different_job_names() -> None:
 # -- digest ------------------------------------------------------------------------------------
 
 
-def _digest(config: SlurmRunAllocationConfig | None = None, launcher=None,  # noqa: ANN001
+def _digest(config: SlurmRunAllocationConfig | None = None, launcher=None,
             queue: SlurmQueueConfig | None = None) -> str:
     config = config or SlurmRunAllocationConfig()
     queue = queue or SlurmQueueConfig(partition="cpu")
