@@ -121,7 +121,10 @@ def test_retried_step_reattaches_to_the_live_allocation(env, tmp_path, monkeypat
         result = dg.execute_job(dg.reconstructable(retry_job), instance=instance)
         assert result.success
         logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
-        records = instance.get_records_for_run(result.run_id, of_type=dg.DagsterEventType.STEP_START).records
+        records = instance.get_records_for_run(
+            result.run_id,
+            of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_RESTARTED},
+        ).records
         pids = {r.event_log_entry.dagster_event.pid for r in records}
     assert marker.exists() and len(pids) == 2, "the retry ran in a second process"
     assert len([m for m in logs if m.startswith("Submitted run allocation")]) == 1, logs
