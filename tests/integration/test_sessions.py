@@ -33,6 +33,7 @@ from dagster_slurm import (
     ComputeResource,
     SlurmAllocationEnded,
     SlurmRunAllocationConfig,
+    SlurmSessionResource,
     SlurmStepFailed,
     build_slurm_orphan_reconcile_sensor,
 )
@@ -216,6 +217,44 @@ def test_teardown_after_success_and_failure_leaves_no_job(env, tmp_path):
     text = step_failure(result)
     assert "SlurmStepFailed" in text and "exit code 3" in text
     assert wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 20)
+
+
+def test_session_resource_and_deferred_cleanup(env, tmp_path):
+    payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
+    env_kwargs = ({"pre_deployed_env_path": os.environ["DAGSTER_SLURM_TEST_ENV_PATH"]}
+                  if os.environ.get("DAGSTER_SLURM_TEST_ENV_PATH") else {"env_packages": ["dagster-pipes"]})
+    explicit_session = SlurmSessionResource(slurm=slurm_resource(env), **env_kwargs)
+    seen: dict[str, object] = {}
+
+    @dg.asset
+    def deferred(context: dg.AssetExecutionContext, compute: ComputeResource):
+        invocation = compute.run(context=context, payload_path=payload, defer_cleanup=True)
+        session = compute.get_run_allocation_session(context)
+        step_dir = Path(session.paths.steps_dir(session.allocation.job_id)) / "deferred"
+        seen["kept"] = sorted(p.name for p in next(step_dir.iterdir()).iterdir())
+        compute.cleanup_deferred_run_dir(context)
+        seen["after_cleanup"] = step_dir.exists()
+        yield from invocation.get_results()
+
+    @dg.asset
+    def explicit(context: dg.AssetExecutionContext, session: SlurmSessionResource):
+        result = session.execute_in_session(context, "hostname")
+        allocation = session.allocation(context)
+        return dg.MaterializeResult(metadata={
+            "exit_code": result.exit_code, "host": result.stdout_tail.strip(),
+            "job_id": allocation.job_id, "nodes": list(allocation.nodes),
+        })
+
+    result = dg.materialize([deferred, explicit], resources={
+        "compute": session_compute("bash"), "session": explicit_session})
+    assert result.success
+    assert "pipes_messages.jsonl" in seen["kept"] and "exit_status" in seen["kept"], seen
+    assert seen["after_cleanup"] is False
+    meta = metadata(result)
+    assert meta["explicit"]["exit_code"] == 0
+    assert meta["explicit"]["host"] in meta["explicit"]["nodes"]
+    assert meta["explicit"]["job_id"] != meta["deferred"]["slurm_job_id"], "two configurations"
+    assert wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 30)
 
 
 def _run_script(tmp_path: Path, body: str) -> str:
