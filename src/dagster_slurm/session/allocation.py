@@ -3,8 +3,9 @@
 A step is started by writing its files and a request file in one round trip; the
 allocation's step server (``templates/session_server.sh``) claims the request and starts the
 step with ``srun --overlap`` on the head node. Waiting for a step reads its status and drain
-files every ``poll_interval`` seconds (one round trip each) and asks the scheduler about the
-allocation every ``allocation_check_interval`` seconds in the same round trip, so an
+files (one round trip each read; every ``poll_interval`` seconds at first, slowing to one
+read every ``MAX_STEP_POLL_INTERVAL`` seconds for long steps) and asks the scheduler about
+the allocation every ``allocation_check_interval`` seconds in the same round trip, so an
 allocation that ends under a step is noticed within that interval.
 """
 
@@ -32,6 +33,10 @@ from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.states import JobState
 
 log = logging.getLogger("dagster_slurm.session")
+
+#: Longest pause between two reads of a running step's status file (the first reads come
+#: every ``poll_interval``; the pause grows by a quarter per read up to this).
+MAX_STEP_POLL_INTERVAL = 2.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,7 @@ class SlurmAllocation:
         files = [TailRequest(handle.paths.status, 0), TailRequest(handle.paths.drain, 0)]
         next_check = time.monotonic() + self.allocation_check_interval
         ended_state: str | None = None
+        delay = self.poll_interval
         try:
             while True:
                 check = time.monotonic() >= next_check or ended_state is not None
@@ -216,7 +222,8 @@ class SlurmAllocation:
                         ended_state = "UNKNOWN"
                         continue
                 on_poll()
-                time.sleep(self.poll_interval)
+                time.sleep(delay)
+                delay = min(delay * 1.25, max(self.poll_interval, MAX_STEP_POLL_INTERVAL))
         except SlurmAllocationEnded:
             raise
         except BaseException:
