@@ -42,9 +42,11 @@ with open_dagster_pipes() as pipes:
 """
 
 
-def session_compute(kind: str | None = None, **allocation: object) -> ComputeResource:
-    """A run-scoped compute resource on the dev cluster (settings from the environment)."""
-    env = dict(os.environ)
+def session_compute(kind: str | None = None, env: dict[str, str] | None = None,
+                    **allocation: object) -> ComputeResource:
+    """A run-scoped compute resource on the dev cluster (settings from ``env`` over the
+    process environment)."""
+    env = {**os.environ, **(env or {})}
     kind = kind or env.get("DSLURM_TEST_SESSION", "bash")
     timeout = env.get("DSLURM_TEST_HEARTBEAT_TIMEOUT")
     allocation.setdefault("heartbeat_interval", float(env.get("DSLURM_TEST_HEARTBEAT_INTERVAL", "2")))

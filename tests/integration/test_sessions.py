@@ -179,7 +179,7 @@ def test_eight_processes_starting_at_once_submit_one_allocation(env):
 
 def test_shape_mismatch_fails_before_submission(env, tmp_path):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
-    compute = session_compute("bash", num_nodes=1, mem="500M")
+    compute = session_compute("bash", env, num_nodes=1, mem="500M")
     result = materialize_one(payload, compute, raise_on_error=False,
                              extra_slurm_opts={"nodes": 2, "mem": "500M"})
     text = step_failure(result)
@@ -192,7 +192,7 @@ def test_shape_mismatch_fails_before_submission(env, tmp_path):
 def test_teardown_after_success_and_failure_leaves_no_job(env, tmp_path):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     failing = write_payload(tmp_path, "fail.py", "import sys; sys.exit(3)\n")
-    compute = session_compute("bash")
+    compute = session_compute("bash", env)
 
     @dg.asset
     def one(context: dg.AssetExecutionContext, compute: ComputeResource):
@@ -246,7 +246,7 @@ def test_session_resource_and_deferred_cleanup(env, tmp_path):
         })
 
     result = dg.materialize([deferred, explicit], resources={
-        "compute": session_compute("bash"), "session": explicit_session})
+        "compute": session_compute("bash", env), "session": explicit_session})
     assert result.success
     assert "pipes_messages.jsonl" in seen["kept"] and "exit_status" in seen["kept"], seen
     assert seen["after_cleanup"] is False
