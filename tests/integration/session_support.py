@@ -75,7 +75,10 @@ def session_compute(kind: str | None = None, env: dict[str, str] | None = None,
 def _payload_asset(name: str, deps: list[str]) -> dg.AssetsDefinition:
     @dg.asset(name=name, deps=deps)
     def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):
-        yield from compute.run(context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"]).get_results()
+        hold = {"HOLD_SECONDS": os.environ["HOLD_SECONDS"]} if "HOLD_SECONDS" in os.environ else {}
+        yield from compute.run(
+            context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"], extra_env=hold,
+        ).get_results()
 
     return _asset
 
