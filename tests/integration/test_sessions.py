@@ -18,7 +18,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from compute_support import materialize_one, slurm_resource, step_failure, write_payload
+from compute_support import (
+    materialize_one,
+    run_logs,
+    slurm_resource,
+    step_failure,
+    write_payload,
+)
 from session_support import (
     FLAKY_PAYLOAD,
     RAY_SESSION_PAYLOAD,
@@ -187,6 +193,19 @@ def test_shape_mismatch_fails_before_submission(env, tmp_path):
     assert "the run allocation has 1" in text
     assert not active_jobs(env, f"dsr-{result.run_id}")
     assert not list(Path("/home/dslurm/dagster-slurm/sessions").glob(f"{result.run_id}*"))
+
+
+def test_unschedulable_run_allocation_fails_with_the_reason_and_is_cancelled(env, tmp_path):
+    payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
+    compute = session_compute("bash", env, time_limit="03:00:00")  # MaxTime is 02:00:00
+    start = time.monotonic()
+    result = materialize_one(payload, compute, raise_on_error=False)
+    text = step_failure(result)
+    assert "SlurmJobUnschedulable" in text and "PartitionTimeLimit" in text, text
+    assert time.monotonic() - start < 60
+    logs = run_logs(result)
+    assert any("waiting in the queue" in m and "PartitionTimeLimit" in m for m in logs), logs
+    assert wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 20)
 
 
 def test_teardown_after_success_and_failure_leaves_no_job(env, tmp_path):
