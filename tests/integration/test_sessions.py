@@ -224,7 +224,14 @@ def test_teardown_after_success_and_failure_leaves_no_job(env, tmp_path):
     result = dg.materialize([one, two], resources={"compute": compute})
     assert result.success
     meta = metadata(result)
-    assert meta["one"]["slurm_job_id"] == meta["two"]["slurm_job_id"]
+    job = meta["one"]["slurm_job_id"]
+    assert meta["two"]["slurm_job_id"] == job
+    # each step's figures are its own job step's: <allocation>.<step>, on the head node
+    steps = {meta[name]["dagster_slurm/job_id"] for name in ("one", "two")}
+    assert len(steps) == 2 and all(s.startswith(f"{job}.") and s.split(".")[1].isdigit() for s in steps)
+    heads = {meta[name]["dagster_slurm/nodes"] for name in ("one", "two")}
+    assert len(heads) == 1 and heads <= {"c1", "c2"}, heads
+    assert meta["one"]["dagster_slurm/state"] == "COMPLETED"
     assert wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 20)
 
     @dg.asset

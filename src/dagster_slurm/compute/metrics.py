@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster_slurm.slurm.accounting import SacctRecord
+from dagster_slurm.slurm.accounting import SacctRecord, SacctStep
 
 #: Metadata keys a compute invocation attaches (when the value is known).
 METADATA_KEYS = (
@@ -70,6 +70,29 @@ def from_sacct(job_id: str, record: SacctRecord | None, exit_code: int | None, s
         cpu_efficiency=record.cpu_efficiency,
         max_rss_bytes=record.max_rss_bytes,
         nodes=record.node_list,
+    )
+
+
+def from_step(allocation_id: str, step: SacctStep | None, step_id: str | None,
+              exit_code: int | None, node: str | None) -> JobMetrics:
+    """Metrics of one job step of a run allocation (``job_id`` is ``<allocation>.<step>``).
+
+    ``step`` None (no accounting yet, or none at all) keeps only what is known. CPU
+    efficiency is CPU-seconds per elapsed second of the step (a step may use several CPUs of
+    the allocation, so it can exceed 1, as in local mode).
+    """
+    job_id = f"{allocation_id}.{step_id}" if step_id else allocation_id
+    state = "COMPLETED" if exit_code == 0 else "FAILED"
+    if step is None:
+        return JobMetrics("slurm", job_id, state, exit_code, None, None, None, node)
+    elapsed = step.elapsed_seconds
+    efficiency = (None if step.total_cpu_seconds is None or not elapsed
+                  else step.total_cpu_seconds / elapsed)
+    return JobMetrics(
+        mode="slurm", job_id=job_id,
+        state=step.state.value if step.state.value != "UNKNOWN" else state,
+        exit_code=exit_code, elapsed_seconds=elapsed, cpu_efficiency=efficiency,
+        max_rss_bytes=step.max_rss_bytes, nodes=node,
     )
 
 

@@ -10,13 +10,13 @@ squeue of the allocation every few seconds); one per Pipes tail poll; one for cl
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from dagster import PipesClientCompletedInvocation, open_pipes_session
 
 from dagster_slurm.agent import exec_op, remove_op
-from dagster_slurm.compute.metrics import from_sacct
 from dagster_slurm.compute.paths import step_identity
 from dagster_slurm.compute.slurm_runner import notable_stdout_sink
 from dagster_slurm.errors import ConfigurationError
@@ -51,16 +51,24 @@ def check_step(session: RunSession, launcher: ComputeLauncher, overrides: Mappin
         )
 
 
+STEP_ID_FILE = "slurm_step_id"
+#: First setup line of every step: records the Slurm step id (for the step's accounting).
+_RECORD_STEP_ID = f"printf '%s\\n' \"${{SLURM_STEP_ID:-}}\" > {STEP_ID_FILE} 2>/dev/null"
+
+
 def step_launcher(launcher: ComputeLauncher) -> ComputeLauncher:
-    """The launcher that writes a step's script inside the allocation: Bash launchers as
-    they are; for Ray steps a Bash launcher (Ray already runs) that enters ``working_dir``."""
+    """The launcher that writes a step's script inside the allocation: a Bash launcher that
+    first records the step id, then runs the launcher's own setup lines; for Ray steps (Ray
+    already runs) it also enters ``working_dir``. Other launcher types render as they are."""
     from dagster_slurm.launchers.ray import RayLauncher
 
     if isinstance(launcher, RayLauncher):
-        lines = list(launcher.pre_start_commands)
+        lines = [_RECORD_STEP_ID, *launcher.pre_start_commands]
         if launcher.working_dir:
             lines.append(f"cd -- {shlex.quote(launcher.working_dir)} || exit 125")
         return BashLauncher(pre_start_commands=lines)
+    if type(launcher) is BashLauncher:
+        return BashLauncher(pre_start_commands=[_RECORD_STEP_ID, *launcher.pre_start_commands])
     return launcher
 
 
@@ -128,8 +136,7 @@ class SessionRunner:
             result.job_id, result.step_name, result.exit_code, result.drained,
             result.drain_signal, result.allocation_state, reader.stdout_tail(), reader.stderr_tail(),
         )
-        metrics = from_sacct(allocation.job_id, None, result.exit_code,
-                             "COMPLETED" if result.exit_code == 0 else "FAILED")
+        metrics = _step_metrics(allocation, paths, result.exit_code)
         invocation = PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
         if result.drained:
             raise SlurmStepDrained(result, invocation)
@@ -142,6 +149,40 @@ class SessionRunner:
                           requires=[removed])
         context.log.info(f"Step {handle.name} completed in run allocation {allocation.job_id}")
         return invocation
+
+
+def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: int = 3) -> Any:
+    """The step's figures from accounting: one round trip reads the recorded step id and
+    the allocation's sacct lines; repeated (0.5 s apart, at most ``attempts`` times) while
+    the step's line is not final yet. Best effort: figures stay null when accounting has
+    nothing, and no error is raised."""
+    from dagster_slurm.agent import tail_op
+    from dagster_slurm.agent.results import TailRequest
+    from dagster_slurm.compute.metrics import from_step
+    from dagster_slurm.slurm.accounting import parse_sacct
+    from dagster_slurm.slurm.commands import sacct_argv
+
+    scheduler = allocation.scheduler
+    step_id, step = None, None
+    for attempt in range(attempts):
+        try:
+            with scheduler.agent.batch() as batch:
+                recorded = batch.add(tail_op([TailRequest(paths.file(STEP_ID_FILE), 0, 256)]))
+                acct = batch.add(exec_op(sacct_argv([allocation.job_id]), timeout=30))
+            scheduler.stats.count("sacct")
+            step_id = recorded.result().files[0].data.decode("utf-8", "replace").strip() or None
+            output = acct.result()
+        except Exception:  # noqa: BLE001 - figures are best effort
+            break
+        if step_id is None or output.rc != 0:
+            break
+        record = parse_sacct(output.stdout).get(allocation.job_id)
+        step = next((s for s in (record.steps if record else ()) if s.step_id == step_id), None)
+        if step is not None and step.state.terminal:
+            break
+        if attempt + 1 < attempts:
+            time.sleep(0.5)
+    return from_step(allocation.job_id, step, step_id, exit_code, allocation.head)
 
 
 def _publish_tags(context: Any, job_id: str) -> None:
