@@ -8,6 +8,7 @@ the orphan sensor after a SIGKILLed run process; the allocation's own dead-man's
 
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -373,6 +374,31 @@ def test_allocation_cancels_itself_without_heartbeat(env, tmp_path):
     assert 6 <= took <= 40, took
     (marker,) = Path("/home/dslurm/dagster-slurm/sessions").glob(f"*/jobs/{job_id}/ended_by")
     assert marker.read_text().strip() == "heartbeat"
+
+
+def test_reconcile_prunes_sessions_closed_long_ago(env):
+    from dagster_slurm.state.schema import new_session_document
+    from dagster_slurm.state.store import AgentStateStore
+
+    slurm = slurm_resource(env)
+    root = Path("/home/dslurm/dagster-slurm/sessions")
+    try:
+        names = {}
+        for age, label in ((3600.0, "old"), (10.0, "recent")):
+            run_id = f"prune-{label}-{uuid.uuid4().hex[:8]}"
+            session_dir = f"{slurm.base_path()}/sessions/{run_id}"
+            store = AgentStateStore(slurm.agent(), session_dir,
+                                    initial=new_session_document(f"dsr-{run_id}", run_id))
+            store.transact([{"op": "add", "path": "/closed_at", "value_now": -age}])
+            names[label] = run_id
+        reconcile = build_slurm_orphan_reconcile_sensor(slurm=slurm, prune_closed_after=600)
+        reconcile(dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral()))
+        assert not (root / names["old"]).exists()
+        assert (root / names["recent"] / "allocation.json").exists()
+    finally:
+        slurm.close()
+        for run_id in names.values():
+            shutil.rmtree(root / run_id, ignore_errors=True)
 
 
 def test_lower_level_allocation_api(env):

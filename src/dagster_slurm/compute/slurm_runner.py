@@ -2,8 +2,8 @@
 
 Round trips: one to write every file and submit (script, Pipes context, uploaded payload,
 token record, sbatch), one per status poll (shared by all jobs of the process), one per
-Pipes tail poll (messages, stdout and stderr together), one for accounting and one for
-cleanup at the end. Interruption (run termination, KeyboardInterrupt) or any failure while
+Pipes tail poll (messages, stdout and stderr together), and one for accounting and cleanup
+together at the end. Interruption (run termination, KeyboardInterrupt) or any failure while
 waiting cancels the job before the error propagates, so no job is left behind.
 """
 
@@ -40,7 +40,8 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.scheduler.watcher import JobLost, JobWatcher
-from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.slurm.accounting import parse_sacct
+from dagster_slurm.slurm.commands import SbatchSpec, sacct_argv
 
 log = logging.getLogger("dagster_slurm.compute")
 
@@ -177,15 +178,21 @@ class SlurmRunner:
             job_id, observation.state.value if observation.state else None,
             observation.exit_code, reader.stdout_tail(), reader.stderr_tail(),
         )
-        record = scheduler.accounting([job_id]).get(job_id) if observation.state else None
-        metrics = from_sacct(job_id, record, observation.exit_code, outcome.state)
         error = outcome_error(observation.state, outcome)
-        if not defer_cleanup and error is None:
-            # A failed job's files are kept for debugging (its log says where they are).
-            with agent.batch() as batch:
+        # Accounting and cleanup in one round trip. A failed job's files are kept for
+        # debugging (its log says where they are).
+        with agent.batch() as batch:
+            acct = batch.add(exec_op(sacct_argv([job_id]), timeout=60.0)) if observation.state else None
+            if not defer_cleanup and error is None:
                 removed = batch.add(remove_op(paths.job_dir, root=paths.base))
                 batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", paths.step_dir,
                                    paths.run_dir]), requires=[removed])
+        record = None
+        if acct is not None:
+            scheduler.stats.count("sacct")
+            output = acct.result()
+            record = parse_sacct(output.stdout).get(job_id) if output.rc == 0 else None
+        metrics = from_sacct(job_id, record, observation.exit_code, outcome.state)
         if error is not None:
             raise error
         context.log.info(f"Slurm job {job_id} completed")

@@ -7,7 +7,9 @@ session is still in the queue (a teardown that could not cancel). Sessions of ru
 instance does not know are left alone: the base path may be shared with other deployments.
 
 Cost: one round trip lists the session documents, one reads them, one squeue covers every
-candidate's job name; each orphan costs one scancel and one transaction.
+candidate's job name; each orphan costs one scancel and one transaction. Sessions closed
+longer ago than ``prune_closed_after`` (7 days) are removed in one more round trip, so the
+scan stays short.
 """
 
 from __future__ import annotations
@@ -86,12 +88,35 @@ def _quiet_for(instance: Any, run_id: str) -> float | None:
     return max(0.0, time.time() - records[0].event_log_entry.timestamp)
 
 
+def _judge(instance: Any, doc: dict[str, Any], now: float,
+           heartbeat_timeout: float) -> tuple[str, Any] | None:
+    """``(reason, run or None)`` when the open session ``doc`` is a candidate orphan."""
+    run_id, job_name = doc.get("run_id"), doc.get("job_name")
+    if not run_id or not job_name:
+        return None
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        return None  # another deployment's run: not ours to judge
+    status = getattr(run.status, "value", str(run.status))
+    if status in _FINISHED:
+        return f"the run is {status} but its allocation is still queued", None
+    last = _last_sign_of_life(doc)
+    if status not in _UNFINISHED or (last is not None and now - last <= heartbeat_timeout):
+        return None
+    quiet = _quiet_for(instance, run_id)
+    if quiet is not None and quiet <= heartbeat_timeout:
+        return None  # the run still writes events: a step that does not use the session
+    age = "never" if last is None else f"{now - last:.0f} s ago"
+    return f"no supervisor heartbeat since {age} (limit {heartbeat_timeout:g} s)", run
+
+
 def reconcile_orphaned_slurm_runs(
     instance: Any,
     slurm: SlurmResource,
     *,
     heartbeat_timeout: float = 600.0,
     dry_run: bool = False,
+    prune_closed_after: float | None = 7 * 86400.0,
 ) -> list[OrphanReport]:
     """Cancel the allocations of orphaned run sessions and mark their runs failed.
 
@@ -99,28 +124,23 @@ def reconcile_orphaned_slurm_runs(
     the run in the instance, after which an unfinished run's session counts as orphaned.
     Keep it above the sessions' heartbeat_interval and above the longest gap between steps
     that use the session (under the multiprocess executor no process beats between them).
-    ``dry_run``: report only. Returns what was (or would be) done.
+    ``dry_run``: report only. ``prune_closed_after``: session directories (document, logs,
+    kept step files) of sessions closed longer ago than this many seconds are removed
+    (None keeps them). Returns what was (or would be) done about orphans.
     """
     candidates: list[tuple[str, dict[str, Any], str, Any]] = []
+    prunable: list[str] = []
     for path, doc, now in _session_documents(slurm):
-        run_id, job_name = doc.get("run_id"), doc.get("job_name")
-        if not run_id or not job_name or doc.get("closed_at"):
+        closed_at = doc.get("closed_at")
+        if isinstance(closed_at, (int, float)):
+            if prune_closed_after is not None and now - closed_at > prune_closed_after:
+                prunable.append(path.rsplit("/", 1)[0])
             continue
-        run = instance.get_run_by_id(run_id)
-        if run is None:
-            continue
-        status = getattr(run.status, "value", str(run.status))
-        last = _last_sign_of_life(doc)
-        if status in _FINISHED:
-            candidates.append((path, doc, f"the run is {status} but its allocation is still queued", None))
-        elif status in _UNFINISHED and (last is None or now - last > heartbeat_timeout):
-            quiet = _quiet_for(instance, run_id)
-            if quiet is not None and quiet <= heartbeat_timeout:
-                continue  # the run still writes events: a step that does not use the session
-            age = "never" if last is None else f"{now - last:.0f} s ago"
-            candidates.append((
-                path, doc, f"no supervisor heartbeat since {age} (limit {heartbeat_timeout:g} s)", run,
-            ))
+        judged = _judge(instance, doc, now, heartbeat_timeout)
+        if judged is not None:
+            candidates.append((path, doc, *judged))
+    if prunable and not dry_run:
+        _prune(slurm, prunable)
     if not candidates:
         return []
     scheduler = slurm.scheduler()
@@ -139,6 +159,21 @@ def reconcile_orphaned_slurm_runs(
             continue
         _act(instance, slurm, path, doc, report, run)
     return reports
+
+
+def _prune(slurm: SlurmResource, session_dirs: list[str]) -> None:
+    """Remove closed sessions' directories, in one round trip."""
+    from dagster_slurm.agent import remove_op
+
+    root = f"{slurm.base_path()}/{SESSIONS_DIR}"
+    with slurm.agent().batch() as batch:
+        removals = [batch.add(remove_op(path, root=root)) for path in session_dirs]
+    for path, removal in zip(session_dirs, removals, strict=True):
+        try:
+            removal.result()
+            log.info("removed closed run session %s", path)
+        except DagsterSlurmError as exc:
+            log.warning("could not remove closed run session %s: %s", path, exc)
 
 
 def _act(instance: Any, slurm: SlurmResource, path: str, doc: dict[str, Any],
@@ -166,6 +201,7 @@ def build_slurm_orphan_reconcile_sensor(
     name: str = "slurm_orphan_reconcile_sensor",
     minimum_interval_seconds: int = 60,
     heartbeat_timeout: float = 600.0,
+    prune_closed_after: float | None = 7 * 86400.0,
     default_status: Any = None,
 ) -> Any:
     """A Dagster sensor that runs :func:`reconcile_orphaned_slurm_runs` on every tick.
@@ -173,6 +209,7 @@ def build_slurm_orphan_reconcile_sensor(
     Give the cluster as ``slurm`` (a :class:`SlurmResource`), or as ``resource_key`` naming a
     resource of the Definitions (a ``SlurmResource`` or a ``ComputeResource``). Each tick
     reports what it cancelled in its skip message; it never requests runs.
+    ``heartbeat_timeout`` and ``prune_closed_after``: see :func:`reconcile_orphaned_slurm_runs`.
     """
     import dagster as dg
 
@@ -198,7 +235,8 @@ def build_slurm_orphan_reconcile_sensor(
         cluster.acquire()
         try:
             reports = reconcile_orphaned_slurm_runs(
-                context.instance, cluster, heartbeat_timeout=heartbeat_timeout
+                context.instance, cluster, heartbeat_timeout=heartbeat_timeout,
+                prune_closed_after=prune_closed_after,
             )
         finally:
             cluster.release()
