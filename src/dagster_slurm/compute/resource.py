@@ -208,29 +208,14 @@ class ComputeResource(ConfigurableResource):
                 "a run allocation session exists only with mode='slurm' and allocation_scope='run'",
             )
         from dagster_slurm.compute.slurm_runner import PendingPolicy
-        from dagster_slurm.session.lifecycle import run_id_of, session_for
-        from dagster_slurm.session.session import RunSession, session_digest
+        from dagster_slurm.session.lifecycle import run_session_for
 
-        assert self.slurm is not None
-        slurm = self.slurm
-        config = self.run_allocation or SlurmRunAllocationConfig()
-        launcher = self.default_launcher
-        environment = [self.pre_deployed_env_path, self.env_packages]
-        digest = session_digest(config.queue_for(slurm.queue), config, launcher, environment)
-        run_id = run_id_of(context)
-        if run_id is None:
-            raise ConfigurationError("context", context, "is not the context of a Dagster run")
-
-        def factory() -> RunSession:
-            return RunSession(
-                slurm, run_id, config, launcher,
-                activation=lambda: self._prepare_environment(context),
-                pending=PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
-                                      self.pending_grace_seconds),
-                poll_interval=self.pipes_poll_interval, environment=environment,
-            )
-
-        session = session_for(f"{slurm.base_path()}|{run_id}|{digest}", factory)
+        session = run_session_for(
+            self, context, self.run_allocation or SlurmRunAllocationConfig(), self.default_launcher,
+            pending=PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
+                                  self.pending_grace_seconds),
+            poll_interval=self.pipes_poll_interval,
+        )
         if start:
             session.ensure(getattr(context, "log", None))
         return session

@@ -21,6 +21,7 @@ from typing import Any
 from dagster import PipesClientCompletedInvocation, open_pipes_session
 
 from dagster_slurm.agent import exec_op, remove_op
+from dagster_slurm.agent.client import Batch
 from dagster_slurm.compute.errors import (
     JobOutcome,
     SlurmJobLost,
@@ -32,7 +33,7 @@ from dagster_slurm.compute.outcome import outcome_error
 from dagster_slurm.compute.paths import InvocationPaths, job_name_for, step_identity
 from dagster_slurm.compute.pending import explain_pending
 from dagster_slurm.errors import SchedulerError
-from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
+from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import AgentFileSource
@@ -40,8 +41,7 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.scheduler.watcher import JobLost, JobWatcher
-from dagster_slurm.slurm.accounting import parse_sacct
-from dagster_slurm.slurm.commands import SbatchSpec, sacct_argv
+from dagster_slurm.slurm.commands import SbatchSpec
 
 log = logging.getLogger("dagster_slurm.compute")
 
@@ -152,10 +152,7 @@ class SlurmRunner:
         )  # validates every value before anything is sent
         activation = self.prepare_env(context)
         injector = PipesDeferredFileContextInjector(paths.context)
-        reader = PipesTailMessageReader(
-            AgentFileSource(agent), paths.messages, paths.stdout, paths.stderr,
-            poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context),
-        )
+        reader = tail_reader(agent, paths, context, self.poll_interval)
         with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as session:
             plan = ExecutionPlan(
                 payload=payload.argv, job_dir=paths.job_dir, status_file=paths.status,
@@ -164,14 +161,8 @@ class SlurmRunner:
                 activation=activation, num_nodes=spec.num_nodes or 1,
                 drain_signal=_drain_signal(self.slurm.queue.signal_before_timeout),
             )
-            files: dict[str, tuple[str | bytes, int]] = {
-                paths.script: (launcher.render(plan), 0o755),
-                paths.context: (injector.payload, 0o600),
-            }
-            if payload.needs_upload:
-                assert payload.upload_from is not None and payload.upload_name is not None
-                with open(payload.upload_from, "rb") as handle:
-                    files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o644)
+            files = {paths.script: (launcher.render(plan), 0o755),
+                     **invocation_files(paths, payload, injector)}
             job_id = self._submit(scheduler, spec, paths, files, context)
             observation = self._wait(scheduler, job_id, job_name, paths, context, reader.wake)
         outcome = JobOutcome(
@@ -182,16 +173,10 @@ class SlurmRunner:
         # Accounting and cleanup in one round trip. A failed job's files are kept for
         # debugging (its log says where they are).
         with agent.batch() as batch:
-            acct = batch.add(exec_op(sacct_argv([job_id]), timeout=60.0)) if observation.state else None
+            acct = batch.add(scheduler.accounting_op([job_id])) if observation.state else None
             if not defer_cleanup and error is None:
-                removed = batch.add(remove_op(paths.job_dir, root=paths.base))
-                batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", paths.step_dir,
-                                   paths.run_dir]), requires=[removed])
-        record = None
-        if acct is not None:
-            scheduler.stats.count("sacct")
-            output = acct.result()
-            record = parse_sacct(output.stdout).get(job_id) if output.rc == 0 else None
+                remove_invocation(batch, paths, paths.run_dir)
+        record = scheduler.accounting_records(acct.result()).get(job_id) if acct else None
         metrics = from_sacct(job_id, record, observation.exit_code, outcome.state)
         if error is not None:
             raise error
@@ -233,6 +218,36 @@ class SlurmRunner:
             raise
         finally:
             watcher.untrack(job_id)
+
+
+def tail_reader(agent: Any, paths: InvocationPaths, context: Any,
+                poll_interval: float) -> PipesTailMessageReader:
+    """The Pipes reader of an invocation on the cluster: messages, stdout and stderr read in
+    one round trip per poll; stdout also feeds :func:`notable_stdout_sink`."""
+    return PipesTailMessageReader(
+        AgentFileSource(agent), paths.messages, paths.stdout, paths.stderr,
+        poll_interval=poll_interval, stdout_sink=notable_stdout_sink(context),
+    )
+
+
+def invocation_files(paths: InvocationPaths, payload: PayloadSpec,
+                     injector: PipesDeferredFileContextInjector) -> dict[str, tuple[str | bytes, int]]:
+    """Files an invocation writes before it starts (path -> (content, mode)): the Pipes
+    context and, for a local script, the uploaded payload."""
+    files: dict[str, tuple[str | bytes, int]] = {paths.context: (injector.payload, 0o600)}
+    if payload.needs_upload:
+        assert payload.upload_from is not None and payload.upload_name is not None
+        with open(payload.upload_from, "rb") as handle:
+            files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o644)
+    return files
+
+
+def remove_invocation(batch: Batch, paths: InvocationPaths, *parents: str) -> None:
+    """Add to ``batch`` the removal of the invocation's directory, then of its step
+    directory and ``parents`` where they are left empty."""
+    removed = batch.add(remove_op(paths.job_dir, root=paths.base))
+    batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", paths.step_dir, *parents]),
+              requires=[removed])
 
 
 #: Launcher output lines that also go to the Dagster log (not only to the compute logs).

@@ -26,7 +26,7 @@ from dagster_slurm.agent import (
     submit_op,
     write_file_op,
 )
-from dagster_slurm.agent.results import JobStatusResult
+from dagster_slurm.agent.results import ExecResult, JobStatusResult
 from dagster_slurm.errors import CommandFailed, SchedulerError
 from dagster_slurm.scheduler.pacing import RateLimiter
 from dagster_slurm.slurm import (
@@ -119,6 +119,15 @@ class StatusSnapshot:
     absent: tuple[str, ...]
     error: str | None = None
 
+    def ended_state(self, job_id: str) -> str | None:
+        """The final state name of ``job_id`` when this poll shows it has ended: a terminal
+        state, or ``UNKNOWN`` when a certain squeue no longer lists it and nothing else
+        says how it ended. None while it is pending or running (or nothing is certain)."""
+        observed = self.job(job_id)
+        if observed.state is not None:
+            return observed.state.value if observed.state.terminal else None
+        return "UNKNOWN" if self.certain and job_id in self.absent else None
+
     def job(self, job_id: str) -> JobObservation:
         """Combine squeue, the status file and accounting into one observation."""
         rec = self.queue.get(job_id)
@@ -144,7 +153,10 @@ def new_token() -> str:
     return f"dslurm-{secrets.token_hex(8)}"
 
 
-def _parse_exit_code(data: str | None) -> int | None:
+def parse_exit_code(data: str | bytes | None) -> int | None:
+    """The exit status in a status file's text (its first word), None when unreadable."""
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "replace")
     if data is None:
         return None
     text = data.strip().split()[0] if data.strip() else ""
@@ -264,7 +276,7 @@ class SlurmScheduler:
                 acct = parse_sacct(result.sacct.stdout)
         records = {r.job_id: r for r in parse_squeue(result.squeue.stdout)} if result.squeue.rc == 0 else {}
         codes = {
-            job_id: _parse_exit_code(sf.data) for job_id, sf in result.status_files.items() if sf.exists
+            job_id: parse_exit_code(sf.data) for job_id, sf in result.status_files.items() if sf.exists
         }
         return StatusSnapshot(
             observed_at=response_now,
@@ -278,8 +290,19 @@ class SlurmScheduler:
 
     def accounting(self, job_ids: Sequence[str]) -> dict[str, SacctRecord]:
         """Final accounting of finished jobs (empty when accounting is unavailable)."""
-        result = self._exec(sacct_argv(job_ids), "sacct", check=False)
-        return parse_sacct(result.stdout) if result.ok else {}
+        op = self.accounting_op(job_ids)
+        return self.accounting_records(self.agent.run(op))
+
+    def accounting_op(self, job_ids: Sequence[str]) -> AgentOp[ExecResult]:
+        """The sacct call of :meth:`accounting` as an agent op, to send in a batch with other
+        operations; read its result with :meth:`accounting_records`."""
+        return exec_op(sacct_argv(job_ids), timeout=60.0)
+
+    def accounting_records(self, result: ExecResult) -> dict[str, SacctRecord]:
+        """Records of an :meth:`accounting_op` result (counts the call; empty when sacct
+        failed, for example without accounting)."""
+        self.stats.count("sacct")
+        return parse_sacct(result.stdout) if result.rc == 0 else {}
 
     # -- control ---------------------------------------------------------------------------
     def cancel(

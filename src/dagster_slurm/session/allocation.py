@@ -11,18 +11,19 @@ allocation that ends under a step is noticed within that interval.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_slurm.agent import tail_op, txn_op, write_file_op
+from dagster_slurm.agent import exec_op, tail_op, txn_op, write_file_op
 from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.compute.paths import InvocationPaths, safe_name
 from dagster_slurm.errors import DagsterSlurmError
-from dagster_slurm.scheduler.client import SlurmScheduler
+from dagster_slurm.scheduler.client import SlurmScheduler, parse_exit_code
 from dagster_slurm.session.errors import (
     REPLACED,
     SlurmAllocationEnded,
@@ -188,14 +189,15 @@ class SlurmAllocation:
         delay = self.poll_interval
         try:
             while True:
-                check = time.monotonic() >= next_check or ended_state is not None
+                # After the allocation was seen ending, one more read of the status file
+                # decides (the step may have written it just before); no squeue then.
+                check = ended_state is None and time.monotonic() >= next_check
                 with self.scheduler.agent.batch() as batch:
                     tail = batch.add(tail_op(files))
                     status = batch.add(self.scheduler.status_op(
                         [self.job_name], [self.job_id], accounting=False)) if check else None
-                    response_now = None
                 chunks = tail.result().files
-                exit_code = _int(chunks[0].data) if chunks[0].exists else None
+                exit_code = parse_exit_code(chunks[0].data) if chunks[0].exists else None
                 drain_signal = chunks[1].data.decode("utf-8", "replace").strip() or None \
                     if chunks[1].exists else None
                 if exit_code is not None or (chunks[0].exists and ended_state is not None):
@@ -213,13 +215,9 @@ class SlurmAllocation:
                     )
                 if status is not None:
                     next_check = time.monotonic() + self.allocation_check_interval
-                    snapshot = self.scheduler.snapshot(status.result(), response_now)
-                    observed = snapshot.job(self.job_id)
-                    if observed.state is not None and observed.state.terminal:
-                        ended_state = observed.state.value
-                        continue  # read the status file once more before deciding
-                    if observed.state is None and snapshot.certain and self.job_id in snapshot.absent:
-                        ended_state = "UNKNOWN"
+                    now = batch.response.now if batch.response else None
+                    ended_state = self.scheduler.snapshot(status.result(), now).ended_state(self.job_id)
+                    if ended_state is not None:
                         continue
                 on_poll()
                 time.sleep(delay)
@@ -271,29 +269,24 @@ class SlurmAllocation:
         return result
 
 
+def last_lines(agent: Any, paths: Sequence[str], lines: int = 30) -> list[str]:
+    """The last ``lines`` lines of each file in ``paths`` (one round trip; a missing file
+    gives ``""``). Raises :class:`~dagster_slurm.errors.DagsterSlurmError` when the cluster
+    cannot be asked."""
+    with agent.batch() as batch:
+        tails = [batch.add(exec_op(["tail", "-n", str(lines), "--", path], timeout=10))
+                 for path in paths]
+    return [tail.result().stdout for tail in tails]
+
+
 def _with_tails(allocation: SlurmAllocation, result: SlurmStepExecutionResult,
-                paths: InvocationPaths, lines: int = 30) -> SlurmStepExecutionResult:
+                paths: InvocationPaths) -> SlurmStepExecutionResult:
     """``result`` with the last lines of the step's stdout and stderr (best effort)."""
-    import dataclasses
-
-    from dagster_slurm.agent import exec_op
-
     try:
-        with allocation.scheduler.agent.batch() as batch:
-            out = batch.add(exec_op(["tail", "-n", str(lines), "--", paths.stdout], timeout=10))
-            err = batch.add(exec_op(["tail", "-n", str(lines), "--", paths.stderr], timeout=10))
-        return dataclasses.replace(
-            result, stdout_tail=out.result().stdout, stderr_tail=err.result().stdout
-        )
+        out, err = last_lines(allocation.scheduler.agent, [paths.stdout, paths.stderr])
     except DagsterSlurmError:
         return result
-
-
-def _int(data: bytes) -> int | None:
-    text = data.decode("utf-8", "replace").strip().split()
-    if text and text[0].lstrip("-").isdigit():
-        return int(text[0])
-    return None
+    return dataclasses.replace(result, stdout_tail=out, stderr_tail=err)
 
 
 def parse_ready(text: str) -> dict[str, Any]:

@@ -203,7 +203,16 @@ def check_shape(
     """The run allocation's request; raises naming each field where ``overrides`` (a step's
     ``extra_slurm_opts``, as SbatchSpec fields) differ from it."""
     spec = config.queue_for(queue).to_sbatch_spec("dsr-shape-check", "/dev/null")
-    problems = shape_mismatches(spec, overrides)
+    refuse_mismatches(spec, overrides, extra_slurm_opts)
+    return spec
+
+
+def refuse_mismatches(
+    allocation: SbatchSpec, overrides: Mapping[str, Any], extra_slurm_opts: Mapping[str, Any] | None
+) -> None:
+    """Raise :class:`ConfigurationError` (field ``extra_slurm_opts``) naming each field where
+    ``overrides`` differ from the ``allocation``'s request, with both values."""
+    problems = shape_mismatches(allocation, overrides)
     if problems:
         raise ConfigurationError(
             "extra_slurm_opts", dict(extra_slurm_opts or {}),
@@ -211,4 +220,3 @@ def check_shape(
             + "; ".join(problems) + "). Move shared settings into SlurmRunAllocationConfig, or "
             "run this asset with allocation_scope='asset'",
         )
-    return spec

@@ -17,7 +17,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from dagster_slurm.session.session import RunSession
+from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.launchers.base import ComputeLauncher
+from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.session import RunSession, session_digest
 
 _SESSIONS: dict[tuple[int, str], RunSession] = {}
 _SESSIONS_LOCK = threading.Lock()
@@ -32,6 +35,37 @@ def session_for(key: str, factory: Callable[[], RunSession]) -> RunSession:
             session = factory()
             _SESSIONS[entry] = session
         return session
+
+
+def run_session_for(
+    owner: Any,
+    context: Any,
+    config: SlurmRunAllocationConfig,
+    launcher: ComputeLauncher,
+    *,
+    pending: Any = None,
+    poll_interval: float = 0.25,
+) -> RunSession:
+    """This process's session of the context's run for ``owner``'s settings (a resource with
+    ``slurm``, ``pre_deployed_env_path``, ``env_packages`` and ``auto_detect_platform``),
+    created on first use; nothing is submitted here. The environment is prepared on the
+    session's first need (:func:`~dagster_slurm.compute.environment.activation_for`)."""
+    from dagster_slurm.compute.environment import activation_for
+
+    run_id = run_id_of(context)
+    if run_id is None:
+        raise ConfigurationError("context", context, "is not the context of a Dagster run")
+    slurm = owner.slurm
+    environment = [owner.pre_deployed_env_path, owner.env_packages]
+    digest = session_digest(config.queue_for(slurm.queue), config, launcher, environment)
+
+    def factory() -> RunSession:
+        return RunSession(
+            slurm, run_id, config, launcher, activation=lambda: activation_for(owner, context),
+            pending=pending, poll_interval=poll_interval, environment=environment,
+        )
+
+    return session_for(f"{slurm.base_path()}|{run_id}|{digest}", factory)
 
 
 def sessions_of_run(run_id: str) -> list[RunSession]:

@@ -14,7 +14,7 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SlurmStepExecutionResult
-from dagster_slurm.session.session import RunSession, session_digest
+from dagster_slurm.session.session import RunSession
 
 
 class SlurmSessionResource(ConfigurableResource):
@@ -50,25 +50,10 @@ class SlurmSessionResource(ConfigurableResource):
 
     def get_session(self, context: Any) -> RunSession:
         """This process's session of the context's run (nothing is submitted yet)."""
-        from dagster_slurm.compute.environment import activation_for
-        from dagster_slurm.errors import ConfigurationError
-        from dagster_slurm.session.lifecycle import run_id_of, session_for
+        from dagster_slurm.session.lifecycle import run_session_for
 
-        config = self.run_allocation
-        environment = [self.pre_deployed_env_path, self.env_packages]
-        digest = session_digest(config.queue_for(self.slurm.queue), config, self.launcher, environment)
-        run_id = run_id_of(context)
-        if run_id is None:
-            raise ConfigurationError("context", context, "is not the context of a Dagster run")
-
-        def factory() -> RunSession:
-            return RunSession(
-                self.slurm, run_id, config, self.launcher,
-                activation=lambda: activation_for(self, context), poll_interval=self.poll_interval,
-                environment=environment,
-            )
-
-        return session_for(f"{self.slurm.base_path()}|{run_id}|{digest}", factory)
+        return run_session_for(self, context, self.run_allocation, self.launcher,
+                               poll_interval=self.poll_interval)
 
     def allocation(self, context: Any) -> SlurmAllocation:
         """The run's current allocation (submitted or attached to, and ready)."""

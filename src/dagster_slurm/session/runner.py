@@ -16,16 +16,13 @@ from typing import Any
 
 from dagster import PipesClientCompletedInvocation, open_pipes_session
 
-from dagster_slurm.agent import exec_op, remove_op
 from dagster_slurm.compute.paths import step_identity
-from dagster_slurm.compute.slurm_runner import notable_stdout_sink
+from dagster_slurm.compute.slurm_runner import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
-from dagster_slurm.pipes.reader import PipesTailMessageReader
-from dagster_slurm.pipes.sources import AgentFileSource
-from dagster_slurm.session.config import check_shape
+from dagster_slurm.session.config import refuse_mismatches
 from dagster_slurm.session.errors import (
     SlurmAllocationEnded,
     SlurmStepDrained,
@@ -40,7 +37,7 @@ def check_step(session: RunSession, launcher: ComputeLauncher, overrides: Mappin
     """Refuse, before anything is submitted, a step the run allocation cannot host: another
     shape in ``extra_slurm_opts`` (the message names each differing field) or a Ray
     launcher when the allocation starts no Ray cluster."""
-    check_shape(session.config, session.slurm.queue, overrides, extra_slurm_opts)
+    refuse_mismatches(session.spec, overrides, extra_slurm_opts)
     from dagster_slurm.launchers.ray import RayLauncher
 
     if isinstance(launcher, RayLauncher) and not session.has_ray:
@@ -97,10 +94,7 @@ class SessionRunner:
         activation = session.activation()
         agent = session.slurm.agent()
         injector = PipesDeferredFileContextInjector(paths.context)
-        reader = PipesTailMessageReader(
-            AgentFileSource(agent), paths.messages, paths.stdout, paths.stderr,
-            poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context),
-        )
+        reader = tail_reader(agent, paths, context, self.poll_interval)
         _publish_tags(context, allocation.job_id)
         with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as pipes:
             env = {**pipes.get_bootstrap_env_vars(), **extra_env}
@@ -111,13 +105,8 @@ class SessionRunner:
                 drain_file=paths.drain, mode="slurm", env=env, activation=activation,
                 drain_signal=allocation.drain_signal,
             )
-            files: dict[str, tuple[str | bytes, int]] = {paths.context: (injector.payload, 0o600)}
-            if payload.needs_upload:
-                assert payload.upload_from is not None and payload.upload_name is not None
-                with open(payload.upload_from, "rb") as handle:
-                    files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o644)
-            handle = allocation.launch(paths, step_launcher(launcher).render(plan),
-                                       name=step_key, files=files)
+            handle = allocation.launch(paths, step_launcher(launcher).render(plan), name=step_key,
+                                       files=invocation_files(paths, payload, injector))
             reader.wake()
             context.log.info(
                 f"Step {handle.name} requested in run allocation {allocation.job_id}; files in "
@@ -144,9 +133,7 @@ class SessionRunner:
             raise SlurmStepFailed(result, f"files kept in {paths.job_dir}")
         if not defer_cleanup:
             with agent.batch() as batch:
-                removed = batch.add(remove_op(paths.job_dir, root=paths.base))
-                batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", paths.step_dir]),
-                          requires=[removed])
+                remove_invocation(batch, paths)
         context.log.info(f"Step {handle.name} completed in run allocation {allocation.job_id}")
         return invocation
 
@@ -159,8 +146,6 @@ def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: 
     from dagster_slurm.agent import tail_op
     from dagster_slurm.agent.results import TailRequest
     from dagster_slurm.compute.metrics import from_step
-    from dagster_slurm.slurm.accounting import parse_sacct
-    from dagster_slurm.slurm.commands import sacct_argv
 
     scheduler = allocation.scheduler
     step_id, step = None, None
@@ -168,15 +153,14 @@ def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: 
         try:
             with scheduler.agent.batch() as batch:
                 recorded = batch.add(tail_op([TailRequest(paths.file(STEP_ID_FILE), 0, 256)]))
-                acct = batch.add(exec_op(sacct_argv([allocation.job_id]), timeout=30))
-            scheduler.stats.count("sacct")
+                acct = batch.add(scheduler.accounting_op([allocation.job_id]))
             step_id = recorded.result().files[0].data.decode("utf-8", "replace").strip() or None
             output = acct.result()
         except Exception:  # noqa: BLE001 - figures are best effort
             break
+        record = scheduler.accounting_records(output).get(allocation.job_id)
         if step_id is None or output.rc != 0:
             break
-        record = parse_sacct(output.stdout).get(allocation.job_id)
         step = next((s for s in (record.steps if record else ()) if s.step_id == step_id), None)
         if step is not None and step.state.terminal:
             break

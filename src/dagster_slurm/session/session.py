@@ -45,7 +45,7 @@ from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.script import render_template
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import new_token
-from dagster_slurm.session.allocation import SlurmAllocation, parse_ready
+from dagster_slurm.session.allocation import SlurmAllocation, last_lines, parse_ready
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import (
     SessionError,
@@ -449,15 +449,11 @@ class RunSession:
             out.error(f"could not cancel run allocation {job_id}: {exc}; run `scancel {job_id}`")
 
     def _log_tail(self, job_id: str, lines: int = 30) -> str:
-        from dagster_slurm.agent import exec_op
-
         try:
-            result = self.slurm.agent().run(
-                exec_op(["tail", "-n", str(lines), "--", self.paths.output_of(job_id)], timeout=10)
-            )
-            return result.stdout.rstrip() or "(empty)"
+            (text,) = last_lines(self.slurm.agent(), [self.paths.output_of(job_id)], lines)
         except DagsterSlurmError as exc:
             return f"(unreadable: {exc})"
+        return text.rstrip() or "(empty)"
 
     def _read_lines(self, path: str) -> list[str]:
         chunk = self.slurm.agent().run(tail_op([TailRequest(path, 0, 65536)])).files[0]
@@ -506,10 +502,8 @@ class _ReadyWatch:
         self.next_check = time.monotonic() + self.CHECK_INTERVAL
         snapshot = scheduler.snapshot(status.result(), batch.response.now if batch.response else None)
         observed = snapshot.job(job_id)
-        ended = (observed.state is not None and observed.state.terminal) or (
-            observed.state is None and snapshot.certain and job_id in snapshot.absent
-        )
-        state = observed.state.value if observed.state else "UNKNOWN"
+        state = snapshot.ended_state(job_id)
+        ended = state is not None
         if is_ready:
             if ended:
                 session._retire(job_id, "job_id", state)

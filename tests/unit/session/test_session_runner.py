@@ -63,8 +63,8 @@ def test_bash_steps_fit_any_allocation(allocation) -> None:
 
 def test_check_step_works_on_a_minimal_session_object() -> None:
     fake = SimpleNamespace(
-        config=SlurmRunAllocationConfig(),
-        slurm=SimpleNamespace(queue=SlurmQueueConfig(partition="cpu")),
+        spec=SlurmRunAllocationConfig().queue_for(SlurmQueueConfig(partition="cpu"))
+        .to_sbatch_spec("dsr-x", "/dev/null"),
         has_ray=False,
     )
     with pytest.raises(ConfigurationError, match="launcher"):
