@@ -24,6 +24,7 @@ from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.compute.paths import InvocationPaths, safe_name
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.scheduler.client import SlurmScheduler, parse_exit_code
+from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import (
     REPLACED,
     SlurmAllocationEnded,
@@ -32,6 +33,7 @@ from dagster_slurm.session.errors import (
 )
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import transitions as tr
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -52,7 +54,7 @@ class StepHandle:
 class SlurmAllocation:
     """A run session's allocation: job id, nodes, Ray address; start and wait for steps.
 
-    ``job_id``: the Slurm job id. ``nodes``: its hosts, head first. ``ray_address``:
+    ``job_id`` (also ``slurm_job_id``): the Slurm job id. ``nodes``: its hosts, head first. ``ray_address``:
     ``host:port`` of the Ray cluster started in it, None when it has no Ray.
     ``drain_signal``: the signal a drain sends (``TERM`` unless configured).
     """
@@ -70,6 +72,8 @@ class SlurmAllocation:
         drain_signal: str = "TERM",
         poll_interval: float = 0.25,
         allocation_check_interval: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.scheduler = scheduler
         self.paths = paths
@@ -81,6 +85,13 @@ class SlurmAllocation:
         self.drain_signal = drain_signal
         self.poll_interval = poll_interval
         self.allocation_check_interval = allocation_check_interval
+        self.clock = clock
+        self.sleep = sleep
+
+    @property
+    def slurm_job_id(self) -> str:
+        """The Slurm job id of the allocation (the same value as :attr:`job_id`)."""
+        return self.job_id
 
     def __repr__(self) -> str:
         return f"SlurmAllocation(job_id={self.job_id!r}, nodes={self.nodes!r}, ray_address={self.ray_address!r})"
@@ -107,13 +118,15 @@ class SlurmAllocation:
         drained with exit code 0). Draining is permanent for this allocation."""
         self.scheduler.cancel([self.job_id], signal=self.drain_signal, batch_only=True)
         try:
-            self.scheduler.agent.run(txn_op(
-                self.paths.document, self.paths.lock,
-                [{"op": "test", "path": "/allocation/job_id", "value": self.job_id},
-                 {"op": "add", "path": "/allocation/drain_requested_at", "value_now": 0}],
-            ))
+            self.scheduler.agent.run(self._txn(tr.request_drain(None, job_id=self.job_id)))
         except DagsterSlurmError as exc:  # the signal went out; the record is informational
             log.warning("drain of %s requested, but not recorded: %s", self.job_id, exc)
+
+    def _txn(self, decided: tr.Outcome) -> Any:
+        """The agent operation applying a transition decided without reading the document
+        (its patch's guards make the check under the lock)."""
+        assert isinstance(decided, tr.Change), decided
+        return txn_op(self.paths.document, self.paths.lock, decided.patch)
 
     # -- steps -----------------------------------------------------------------------------
     def invocation(self, step_key: str) -> InvocationPaths:
@@ -141,10 +154,7 @@ class SlurmAllocation:
         ) + "\n"
         agent = self.scheduler.agent
         with agent.batch() as batch:
-            current = batch.add(txn_op(
-                self.paths.document, self.paths.lock,
-                [{"op": "test", "path": "/allocation/job_id", "value": self.job_id}],
-            ))
+            current = batch.add(self._txn(tr.launch_step(None, job_id=self.job_id)))
             written = [batch.add(write_file_op(script_path, script, mode=0o755, makedirs=True),
                                  requires=[current])]
             for path, (content, mode) in (files or {}).items():
@@ -184,14 +194,15 @@ class SlurmAllocation:
         waiting (run termination, KeyboardInterrupt) cancels the step before propagating.
         """
         files = [TailRequest(handle.paths.status, 0), TailRequest(handle.paths.drain, 0)]
-        next_check = time.monotonic() + self.allocation_check_interval
+        next_check = self.clock() + self.allocation_check_interval
         ended_state: str | None = None
-        delay = self.poll_interval
+        backoff = PollBackoff(initial=self.poll_interval, factor=1.25,
+                              maximum=max(self.poll_interval, MAX_STEP_POLL_INTERVAL))
         try:
             while True:
                 # After the allocation was seen ending, one more read of the status file
                 # decides (the step may have written it just before); no squeue then.
-                check = ended_state is None and time.monotonic() >= next_check
+                check = ended_state is None and self.clock() >= next_check
                 with self.scheduler.agent.batch() as batch:
                     tail = batch.add(tail_op(files))
                     status = batch.add(self.scheduler.status_op(
@@ -214,14 +225,14 @@ class SlurmAllocation:
                         f"{handle.name} wrote its exit status",
                     )
                 if status is not None:
-                    next_check = time.monotonic() + self.allocation_check_interval
+                    next_check = self.clock() + self.allocation_check_interval
                     now = batch.response.now if batch.response else None
                     ended_state = self.scheduler.snapshot(status.result(), now).ended_state(self.job_id)
                     if ended_state is not None:
                         continue
                 on_poll()
-                time.sleep(delay)
-                delay = min(delay * 1.25, max(self.poll_interval, MAX_STEP_POLL_INTERVAL))
+                self.sleep(backoff.current)
+                backoff.observe(False)
         except SlurmAllocationEnded:
             raise
         except BaseException:

@@ -24,6 +24,7 @@ from dagster_slurm.agent import exec_op, read_op, txn_op
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.paths import SESSIONS_DIR
+from dagster_slurm.state.transitions import Change, close_session
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -182,10 +183,9 @@ def _act(instance: Any, slurm: SlurmResource, path: str, doc: dict[str, Any],
                 report.run_id, report.reason, ", ".join(report.job_ids) or "nothing queued")
     slurm.scheduler().cancel(job_name=report.job_name)
     lock = path.rsplit("/", 1)[0] + "/lock"
-    slurm.agent().run(txn_op(path, lock, [
-        {"op": "add", "path": "/closed_at", "value_now": 0},
-        {"op": "add", "path": "/closed_reason", "value": f"orphan: {report.reason}"},
-    ]))
+    closing = close_session(None, reason=f"orphan: {report.reason}")
+    assert isinstance(closing, Change)
+    slurm.agent().run(txn_op(path, lock, closing.patch))
     if run is not None:
         instance.report_run_failed(
             run,

@@ -36,25 +36,26 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dagster_slurm.agent import tail_op, txn_op, write_file_op
 from dagster_slurm.agent.exceptions import SubmissionInDoubt
-from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.compute.errors import SlurmJobUnschedulable, SlurmSubmissionError
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.script import render_template
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import new_token
-from dagster_slurm.session.allocation import SlurmAllocation, last_lines, parse_ready
+from dagster_slurm.scheduler.pacing import PollBackoff
+from dagster_slurm.session.allocation import SlurmAllocation, parse_ready
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import (
     SessionError,
     SlurmAllocationEnded,
     SlurmStepExecutionResult,
 )
+from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
-from dagster_slurm.state.schema import new_session_document
-from dagster_slurm.state.store import AgentStateStore
+from dagster_slurm.state import transitions as tr
+from dagster_slurm.state.schema import Allocation, new_session_document
+from dagster_slurm.state.store import StateStore
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -94,6 +95,11 @@ class RunSession:
     ``activation`` returns the environment's activation script on the cluster (prepared on
     first use); ``environment`` describes the environment settings (JSON-able; part of the
     session's digest, so resources with other environments get other sessions).
+
+    The cluster is reached through ``io`` (a :class:`~dagster_slurm.session.io.SessionIO`;
+    None: the agent of ``slurm``), waits use ``clock`` (monotonic seconds) and ``sleep``;
+    unit tests inject an in-memory cluster and a fake clock. Every change of the session
+    document is a transition of :mod:`dagster_slurm.state.transitions`.
     """
 
     def __init__(
@@ -107,6 +113,9 @@ class RunSession:
         pending: Any = None,
         poll_interval: float = 0.25,
         environment: Any = None,
+        io: SessionIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
         from dagster_slurm.compute.slurm_runner import PendingPolicy, _drain_signal
@@ -128,11 +137,18 @@ class RunSession:
         )
         self.drain_signal = _drain_signal(self.queue.signal_before_timeout) or "TERM"
         self.interrupted = False
+        self.io: SessionIO = io or AgentSessionIO(slurm, self.paths, self.initial_document())
+        self.clock = clock
+        self.sleep = sleep
         self._allocation: SlurmAllocation | None = None
         self._lock = threading.RLock()
         self._heartbeat: _Heartbeat | None = None
         self._closed = False
         self._used = False
+
+    def initial_document(self) -> dict[str, Any]:
+        """The document the session's first write creates."""
+        return new_session_document(self.job_name, self.run_id)
 
     # -- the allocation --------------------------------------------------------------------
     @property
@@ -143,11 +159,9 @@ class RunSession:
         return isinstance(self.launcher, RayLauncher)
 
     @property
-    def store(self) -> AgentStateStore:
-        return AgentStateStore(
-            self.slurm.agent(), self.paths.session_dir,
-            initial=new_session_document(self.job_name, self.run_id),
-        )
+    def store(self) -> StateStore:
+        """The session document's store (through ``io``)."""
+        return self.io.store
 
     @property
     def allocation(self) -> SlurmAllocation:
@@ -204,49 +218,53 @@ class RunSession:
         self._retire(allocation.job_id, "job_id", state)
 
     def _acquire(self, out: _Log) -> SlurmAllocation:
-        store = self.store
+        """Attach to the head allocation the document names, or submit one; see the
+        transitions of :mod:`dagster_slurm.state.transitions` for each state's edge."""
+        waiting = PollBackoff(initial=0.2, maximum=0.5, factor=1.25)
         while True:
-            snap = store.snapshot()
-            doc = snap.doc or {}
-            if doc.get("closed_at"):
-                raise SessionError(
-                    f"the run session {self.job_name} was closed (the run's teardown cancelled "
-                    "its allocation); no new allocation is submitted for it"
-                )
-            record = doc.get("allocation")
-            if record is None:
-                job_id, mine = self._submit(out)
+            read = self.io.read()
+            doc = read.doc
+            if doc is not None and doc.closed:
+                raise SessionError(tr.closed_message(doc, self.job_name))
+            state = tr.head_state(doc)
+            record = doc.allocation if doc is not None else None
+            if state is tr.HeadState.ABSENT:
+                job_id, mine = self._submit(out, doc)
                 if job_id is None:
-                    time.sleep(0.2)
+                    self.sleep(waiting.observe(False))
                     continue
                 allocation = self._await_ready(job_id, out, mine)
                 if allocation is not None:
                     return allocation
                 continue
-            status, job_id = record.get("status"), record.get("job_id")
-            if status == "submitted" and job_id:
-                allocation = self._await_ready(str(job_id), out, False)
+            assert record is not None
+            if state in (tr.HeadState.SUBMITTED, tr.HeadState.READY, tr.HeadState.DRAINING):
+                allocation = self._await_ready(str(record.job_id), out, False)
                 if allocation is not None:
                     return allocation
                 continue
-            if status == "submitting":
-                age = snap.now - float(record.get("submitted_at") or snap.now)
+            if state is tr.HeadState.SUBMITTING:
+                age = read.now - float(record.submitted_at or read.now)
                 if age < SUBMIT_GRACE_SECONDS:
-                    time.sleep(0.3)
+                    self.sleep(waiting.observe(False))
                     continue
                 self._settle_in_doubt(record, out)
                 continue
-            finished = float(record.get("finished_at") or record.get("submitted_at") or 0)
-            if snap.now - finished < FAILED_RECORD_SECONDS:
+            finished = float(record.finished_at or record.submitted_at or 0)
+            if read.now - finished < FAILED_RECORD_SECONDS:
                 raise SlurmSubmissionError(
-                    f"the run allocation could not be submitted ({status}): "
-                    f"{(record.get('error') or '').strip()}"
+                    f"the run allocation could not be submitted ({record.status}): "
+                    f"{(record.error or '').strip()}"
                 )
-            self._retire(record.get("token"), "token", status)
+            self._retire(record.token, "token", record.status)
 
-    def _submit(self, out: _Log) -> tuple[str | None, bool]:
+    def _submit(self, out: _Log, doc: Any = None) -> tuple[str | None, bool]:
         """Submit the allocation; ``(None, False)`` when another process is submitting."""
         token = new_token()
+        decided = tr.submit_head(doc, token=token, config=self.config.snapshot(),
+                                 job_name=self.job_name)
+        if isinstance(decided, tr.Refused):
+            raise SessionError(decided.reason)
         submit_dir = self.paths.submit_dir(token)
         activation = self.activation()
         script, server = f"{submit_dir}/allocation.sh", f"{submit_dir}/step_server.sh"
@@ -262,21 +280,18 @@ class RunSession:
             self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()}\n", 0o644),
         }
         spec = dataclasses.replace(self.spec, script_path=script)
-        scheduler = self.slurm.scheduler()
         try:
-            job = scheduler.submit(
-                spec, state_path=self.paths.document, lock_path=self.paths.lock,
-                record="/allocation", record_value={"kind": "head", "config": self.config.snapshot()},
-                create=new_session_document(self.job_name, self.run_id), files=files, token=token,
+            job = self.io.submit(
+                spec, files=files, token=token,
+                record_value=tr.head_submission_record(self.config.snapshot()),
+                create=self.initial_document(),
             )
         except SubmissionInDoubt:
             return None, False
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
         except BaseException:
-            from dagster_slurm.compute.slurm_runner import _cancel_by_token
-
-            _cancel_by_token(scheduler, self.job_name, token, _ContextShim(out))
+            self._cancel_by_token(token, out)
             raise
         if job.recovered:
             return job.job_id, False
@@ -287,6 +302,14 @@ class RunSession:
             f"{self.paths.session_dir}"
         )
         return job.job_id, True
+
+    def _cancel_by_token(self, token: str, out: _Log) -> None:
+        """An interrupted submission: cancel the job carrying ``token``, if it exists."""
+        from dagster_slurm.compute.slurm_runner import _cancel_by_token
+
+        scheduler = self.io.scheduler
+        if scheduler is not None:
+            _cancel_by_token(scheduler, self.job_name, token, _ContextShim(out))
 
     def _await_ready(self, job_id: str, out: _Log, mine: bool) -> SlurmAllocation | None:
         """Wait until allocation ``job_id`` accepts steps. None: it had ended after serving
@@ -300,7 +323,7 @@ class RunSession:
                     return None
                 if values is not None:
                     return self._attached(job_id, values, out, mine)
-                time.sleep(watch.delay)
+                self.sleep(watch.delay)
         except SlurmJobUnschedulable:
             self._cancel_quietly(job_id, out)
             self._retire(job_id, "job_id", "CANCELLED")
@@ -315,12 +338,12 @@ class RunSession:
             raise
 
     def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
-        nodes = tuple(self._read_lines(self.paths.nodes(job_id)))
+        nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))
         allocation = SlurmAllocation(
-            self.slurm.scheduler(), self.paths, self.job_name, job_id,
+            self.io.scheduler, self.paths, self.job_name, job_id,  # type: ignore[arg-type]
             nodes=nodes, head=values.get("head") or None,
             ray_address=values.get("ray_address") or None, drain_signal=self.drain_signal,
-            poll_interval=self.poll_interval,
+            poll_interval=self.poll_interval, clock=self.clock, sleep=self.sleep,
         )
         verb = "accepts steps" if mine else "found; attaching to it"
         out.info(
@@ -331,28 +354,29 @@ class RunSession:
             for line in self._log_tail(job_id, 200).splitlines():
                 if line.startswith(("Ray head node web UI:", "To reach it from your machine:")):
                     out.info(line)
+            change = tr.record_ready(None, job_id=job_id, nodes=nodes,
+                                     ray_address=allocation.ray_address)
             try:
-                self.store.transact([
-                    {"op": "test", "path": "/allocation/job_id", "value": job_id},
-                    {"op": "add", "path": "/allocation/nodes", "value": list(nodes)},
-                    {"op": "add", "path": "/allocation/ray_address", "value": allocation.ray_address},
-                    {"op": "add", "path": "/allocation/ready_at", "value_now": 0},
-                ])
+                assert isinstance(change, tr.Change)
+                if not self.io.apply(change).ok:
+                    log.warning("did not record the nodes of allocation %s: the session no "
+                                "longer has it as its head", job_id)
             except DagsterSlurmError as exc:
                 log.warning("could not record the allocation's nodes: %s", exc)
         return allocation
 
-    def _settle_in_doubt(self, record: dict[str, Any], out: _Log) -> None:
+    def _settle_in_doubt(self, record: Allocation, out: _Log) -> None:
         """A ``submitting`` record whose submitter vanished: find its job by token."""
-        token = record.get("token")
-        snapshot = self.slurm.scheduler().status([self.job_name])
+        token = record.token
+        if token is None:
+            self._retire(None, "token", "unknown")
+            return
+        snapshot = self.io.queue([self.job_name])
         for job_id, queued in snapshot.queue.items():
             if queued.comment == token:
-                self.store.transact([
-                    {"op": "test", "path": "/allocation/token", "value": token},
-                    {"op": "add", "path": "/allocation/status", "value": "submitted"},
-                    {"op": "add", "path": "/allocation/job_id", "value": job_id},
-                ])
+                change = tr.settle_found(None, token=token, job_id=job_id)
+                assert isinstance(change, tr.Change)
+                self.io.apply(change)
                 out.info(f"Recovered run allocation {job_id} of an interrupted submission")
                 return
         self._retire(token, "token", "unknown")
@@ -361,20 +385,9 @@ class RunSession:
         """Move the ``/allocation`` record whose ``key`` is ``value`` to ``/history``."""
         if value is None:
             return
-        store = self.store
-        doc = store.snapshot().doc or {}
-        record = doc.get("allocation")
-        if not isinstance(record, dict) or record.get(key) != value:
-            return
-        entry = dict(record, final_state=state)
-        name = str(record.get("job_id") or record.get("token"))
-        store.transact([
-            {"op": "test", "path": f"/allocation/{key}", "value": value},
-            {"op": "setdefault", "path": "/history", "value": {}},
-            {"op": "add", "path": f"/history/{name}", "value": entry},
-            {"op": "add", "path": f"/history/{name}/ended_at", "value_now": 0},
-            {"op": "remove", "path": "/allocation"},
-        ])
+        decided = tr.retire(self.io.read().doc, key=key, value=str(value), final_state=state)
+        if isinstance(decided, tr.Change):
+            self.io.apply(decided)
 
     def cleanup_step(self, step_key: str) -> None:
         """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every
@@ -382,10 +395,9 @@ class RunSession:
         from dagster_slurm.agent import remove_op
         from dagster_slurm.compute.paths import safe_name
 
-        doc = self.store.snapshot().doc or {}
-        job_ids = {str(r.get("job_id")) for r in [doc.get("allocation") or {},
-                                                   *(doc.get("history") or {}).values()]
-                   if isinstance(r, dict) and r.get("job_id")}
+        doc = self.io.read().doc
+        records = [] if doc is None else [doc.allocation, *doc.history.values()]
+        job_ids = {str(r.job_id) for r in records if r is not None and r.job_id}
         if not job_ids:
             return
         with self.slurm.agent().batch() as batch:
@@ -397,15 +409,9 @@ class RunSession:
     def beat(self) -> None:
         """One heartbeat: ``/heartbeat`` in the document and the heartbeat file's mtime."""
         host, pid = socket.gethostname(), os.getpid()
-        agent = self.slurm.agent()
-        with agent.batch() as batch:
-            batch.add(txn_op(
-                self.paths.document, self.paths.lock,
-                [{"op": "add", "path": "/heartbeat", "value": {"host": host, "pid": pid, "at": 0}},
-                 {"op": "add", "path": "/heartbeat/at", "value_now": 0}],
-                create=new_session_document(self.job_name, self.run_id),
-            ))
-            batch.add(write_file_op(self.paths.heartbeat, f"{host} {pid}\n", makedirs=True))
+        change = tr.beat(None, host=host, pid=pid)
+        assert isinstance(change, tr.Change)
+        self.io.beat(change, f"{host} {pid}\n")
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None:
@@ -428,13 +434,12 @@ class RunSession:
         """``scancel --name=<session job name>`` and mark the session closed."""
         out = _Log(logger)
         try:
-            self.slurm.scheduler().cancel(job_name=self.job_name)
+            self.io.cancel(job_name=self.job_name)
             if not self._used:
                 return  # this process never touched the session: leave no document behind
-            self.store.transact([
-                {"op": "add", "path": "/closed_at", "value_now": 0},
-                {"op": "add", "path": "/closed_reason", "value": reason or "teardown"},
-            ])
+            change = tr.close_session(None, reason=reason or "teardown")
+            assert isinstance(change, tr.Change)
+            self.io.apply(change)
             out.info(f"Cancelled the run allocation(s) of {self.job_name}"
                      + (f" ({reason})" if reason else ""))
         except DagsterSlurmError as exc:
@@ -443,21 +448,17 @@ class RunSession:
 
     def _cancel_quietly(self, job_id: str, out: _Log) -> None:
         try:
-            self.slurm.scheduler().cancel([job_id])
+            self.io.cancel([job_id])
             out.warning(f"Cancelled run allocation {job_id}")
         except DagsterSlurmError as exc:
             out.error(f"could not cancel run allocation {job_id}: {exc}; run `scancel {job_id}`")
 
     def _log_tail(self, job_id: str, lines: int = 30) -> str:
         try:
-            (text,) = last_lines(self.slurm.agent(), [self.paths.output_of(job_id)], lines)
+            text = self.io.tail(self.paths.output_of(job_id), lines)
         except DagsterSlurmError as exc:
             return f"(unreadable: {exc})"
         return text.rstrip() or "(empty)"
-
-    def _read_lines(self, path: str) -> list[str]:
-        chunk = self.slurm.agent().run(tail_op([TailRequest(path, 0, 65536)])).files[0]
-        return [line for line in chunk.data.decode("utf-8", "replace").splitlines() if line.strip()]
 
 
 _ENDED: Any = object()
@@ -478,7 +479,8 @@ class _ReadyWatch:
         self.tracker = _PendingTracker(job_id, session.pending, out.info)
         self.running_since: float | None = None
         self.next_check = 0.0
-        self.delay = 0.25
+        self.backoff = PollBackoff(initial=0.25, maximum=5.0, factor=1.5)
+        self.delay = self.backoff.current
 
     def poll(self) -> dict[str, Any] | None:
         """The ready file's values once it exists; ``_ENDED`` when the allocation ended
@@ -488,28 +490,23 @@ class _ReadyWatch:
         runs, the ready file is read every poll and squeue every ``CHECK_INTERVAL`` seconds,
         and always before a ready file is trusted (it may be an ended allocation's)."""
         session, job_id = self.session, self.job_id
-        scheduler = session.slurm.scheduler()
-        check = self.running_since is None or time.monotonic() >= self.next_check
-        with scheduler.agent.batch() as batch:
-            status = batch.add(scheduler.status_op([session.job_name], [job_id])) if check else None
-            ready = batch.add(tail_op([TailRequest(session.paths.ready(job_id), 0, 65536)]))
-        chunk = ready.result().files[0]
-        is_ready = chunk.exists and chunk.eof and chunk.data.endswith(b"\n")
-        if status is None:
-            if is_ready:
+        check = self.running_since is None or session.clock() >= self.next_check
+        polled = session.io.poll_ready(session.job_name, job_id, with_status=check)
+        if polled.status is None:
+            if polled.ready is not None:
                 self.next_check, self.delay = 0.0, 0.0
             return None
-        self.next_check = time.monotonic() + self.CHECK_INTERVAL
-        snapshot = scheduler.snapshot(status.result(), batch.response.now if batch.response else None)
+        self.next_check = session.clock() + self.CHECK_INTERVAL
+        snapshot = polled.status
         observed = snapshot.job(job_id)
         state = snapshot.ended_state(job_id)
         ended = state is not None
-        if is_ready:
+        if polled.ready is not None:
             if ended:
                 session._retire(job_id, "job_id", state)
                 self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
                 return _ENDED
-            return parse_ready(chunk.data.decode("utf-8", "replace"))
+            return parse_ready(polled.ready)
         if ended:
             tail = session._log_tail(job_id)
             session._retire(job_id, "job_id", state)
@@ -521,22 +518,22 @@ class _ReadyWatch:
         if observed.state is not None and observed.state.active and not observed.state.pending:
             self._running()
         else:
-            self.delay = min(max(self.delay, 0.25) * 1.5, 5.0)
+            self.delay = self.backoff.observe(False)
         return None
 
     def _running(self) -> None:
         session = self.session
         if self.running_since is None:
-            self.running_since = time.monotonic()
+            self.running_since = session.clock()
             self.out.info(f"Run allocation {self.job_id} is running; waiting for it to accept "
                           f"steps{' (starting Ray)' if session.has_ray else ''}")
-        if time.monotonic() - self.running_since > session.config.startup_timeout:
+        if session.clock() - self.running_since > session.config.startup_timeout:
             raise SessionError(
                 f"run allocation {self.job_id} did not accept steps within "
                 f"{session.config.startup_timeout:g} s of starting (startup_timeout); its log "
                 f"ends with:\n{session._log_tail(self.job_id)}"
             )
-        self.delay = 0.25
+        self.delay = self.backoff.observe(True)
 
 
 class _Heartbeat(threading.Thread):

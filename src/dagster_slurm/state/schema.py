@@ -20,18 +20,28 @@ Layout (``SCHEMA_VERSION = 1``; every time is epoch seconds from the login node'
       "election": Election | null,       # a head election in progress (and past failures)
       "heartbeat": Heartbeat | null,     # the supervising process's last sign of life
       "leases": {name: Lease},           # named leases with lifetimes (see lease.py)
-      "tags": {key: value}               # Dagster run tags the session published
+      "tags": {key: value},              # Dagster run tags the session published
+      "history": {name: Allocation},     # ended allocations, by job id (or token), with
+                                         # final_state and ended_at; never removed
+      "closed_at": float | null,         # set by teardown/orphan reconciliation: no process
+      "closed_reason": str | null        # submits for a closed session again
     }
 
-Allocation: ``job_id``, ``token``, ``status``, ``submitted_at``, ``config`` (a snapshot of the
-allocation config), ``nodes``, ``ray_address``, ``drain_requested_at``, ``ended_at``.
-Worker: ``job_id``, ``intent`` (key of the intent that owns it, or None), ``token``,
-``submitted_at`` (None unless submitted by intent reconciliation), ``drain_deadline``
-(persisted before a drain starts), ``released``, ``config``, ``nodes``, ``ray_node_ids``
-(Slurm node name -> Ray node id).
-Submission: ``token``, ``status`` (``submitting`` -> ``submitted``/``failed``/``unknown``),
-``submitted_at``, ``finished_at``, ``job_id``, ``rc``, ``error``, ``kind``, ``intent``,
-``config``.
+Allocation: ``kind`` (``head``), ``job_id`` (None until sbatch answered), ``token`` (recorded
+before sbatch ran; the job's ``--comment``), ``status`` (``submitting`` -> ``submitted`` with a
+job id, or ``failed``/``unknown`` when sbatch refused or did not answer), ``submitted_at``,
+``finished_at`` (when sbatch answered), ``rc`` and ``error`` (sbatch's exit code and message),
+``config`` (a snapshot of the allocation config), ``nodes`` and ``ray_address`` (written once
+the step server is ready, with ``ready_at``), ``drain_requested_at``; in ``history`` also
+``final_state`` (the scheduler state it ended in, or why it was retired) and ``ended_at``.
+Worker: ``job_id``, ``role`` (``worker``), ``intent`` (key of the intent that owns it, or
+None), ``token``, ``submitted_at`` (None unless submitted by intent reconciliation),
+``drain_deadline`` (persisted before a drain starts), ``released``, ``config``, ``nodes``,
+``ray_node_ids`` (Slurm node name -> Ray node id).
+Submission (in flight): ``token``, ``status`` (``submitting`` ->
+``submitted``/``failed``/``unknown``), ``submitted_at`` (when it started), ``finished_at``,
+``job_id``, ``rc``, ``error``, ``kind``, ``intent``, ``shape`` (the sbatch options it was
+submitted with), ``config``.
 Election: ``term``, ``candidate`` (job id), ``claimed_by`` (lease owner), ``started_at``,
 ``expires_at``, ``failures`` (job id -> failed head starts).
 Heartbeat: ``host``, ``pid``, ``at``. Lease: ``owner``, ``acquired_at``, ``renewed_at``,
@@ -58,16 +68,22 @@ class _Record(BaseModel):
 
 
 class Allocation(_Record):
-    """A head allocation (the current one or a successor)."""
+    """A head allocation (the current one, a successor, or an ended one in ``history``)."""
 
+    kind: str | None = None
     job_id: str | None = None
     token: str | None = None
     status: str = "submitting"
     submitted_at: float | None = None
+    finished_at: float | None = None
+    rc: int | None = None
+    error: str | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     nodes: list[str] = Field(default_factory=list)
     ray_address: str | None = None
+    ready_at: float | None = None
     drain_requested_at: float | None = None
+    final_state: str | None = None
     ended_at: float | None = None
 
 
@@ -75,6 +91,7 @@ class Worker(_Record):
     """A worker allocation whose nodes join the head's Ray cluster."""
 
     job_id: str
+    role: str = "worker"
     intent: str | None = None
     token: str | None = None
     submitted_at: float | None = None
@@ -97,6 +114,7 @@ class Submission(_Record):
     error: str | None = None
     kind: str | None = None
     intent: str | None = None
+    shape: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -149,6 +167,14 @@ class SessionDocument(_Record):
     heartbeat: Heartbeat | None = None
     leases: dict[str, Lease] = Field(default_factory=dict)
     tags: dict[str, str] = Field(default_factory=dict)
+    history: dict[str, Allocation] = Field(default_factory=dict)
+    closed_at: float | None = None
+    closed_reason: str | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once teardown or orphan reconciliation closed the session."""
+        return self.closed_at is not None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionDocument:

@@ -1,0 +1,154 @@
+"""What a run session asks of the cluster: one small interface, each call one round trip.
+
+:class:`RunSession` decides; :class:`SessionIO` carries its decisions out. The cluster
+implementation, :class:`AgentSessionIO`, sends each call as one agent request (batching the
+operations a call needs, e.g. squeue and the step server's ready file together). Unit tests
+give the session an in-memory implementation (a :class:`~dagster_slurm.state.store.MemoryStateStore`,
+a scripted queue and a fake clock) and so test every decision without a cluster or a real
+sleep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dagster_slurm.agent import tail_op, write_file_op
+from dagster_slurm.agent.results import TailRequest, TxnResult
+from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
+from dagster_slurm.session.paths import SessionPaths
+from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.state.schema import SessionDocument
+from dagster_slurm.state.store import AgentStateStore, StateStore
+from dagster_slurm.state.transitions import Change, document
+
+Files = Mapping[str, tuple[str | bytes, int]]
+
+
+@dataclass(frozen=True)
+class DocumentRead:
+    """The session document (None before it exists) and the login node's clock at the read."""
+
+    doc: SessionDocument | None
+    now: float
+
+
+@dataclass(frozen=True)
+class ReadyPoll:
+    """One look at an allocation being waited for: the step server's ready file (its text
+    once complete, else None) and, when asked for, the scheduler's answer."""
+
+    ready: str | None
+    status: StatusSnapshot | None
+
+
+class SessionIO(Protocol):
+    """The cluster as a run session sees it (see the module docstring)."""
+
+    store: StateStore
+
+    def read(self) -> DocumentRead:
+        """The session document, unlocked."""
+
+    def apply(self, change: Change) -> TxnResult:
+        """Apply a transition's patch under the session lock (``ok`` False: a guard failed)."""
+
+    def submit(self, spec: SbatchSpec, *, files: Files, token: str,
+               record_value: Mapping[str, Any], create: Mapping[str, Any]) -> SubmittedJob:
+        """Write ``files``, record ``token`` at ``/allocation`` if absent, run sbatch."""
+
+    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+        """squeue for the session's job name(s)."""
+
+    def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
+        """The ready file of ``job_id`` and, with ``with_status``, squeue (one round trip)."""
+
+    def beat(self, change: Change, content: str) -> None:
+        """Apply the heartbeat ``change`` and write the heartbeat file (one round trip)."""
+
+    def cancel(self, job_ids: Sequence[str] = (), *, job_name: str | None = None) -> None:
+        """scancel the jobs (by id, or every job of ``job_name``)."""
+
+    def tail(self, path: str, lines: int) -> str:
+        """The last ``lines`` lines of a file on the cluster (``""`` when missing)."""
+
+    def read_lines(self, path: str) -> list[str]:
+        """The non-blank lines of a small file on the cluster."""
+
+    @property
+    def scheduler(self) -> SlurmScheduler | None:
+        """The scheduler client the allocation's steps use (None in unit tests)."""
+
+
+class AgentSessionIO:
+    """:class:`SessionIO` over the cluster-side agent of ``slurm`` (a SlurmResource)."""
+
+    def __init__(self, slurm: Any, paths: SessionPaths, initial: Mapping[str, Any]) -> None:
+        self.slurm = slurm
+        self.paths = paths
+        self.initial = dict(initial)
+        self._job_name = str(initial.get("job_name") or "")
+
+    @property
+    def store(self) -> StateStore:
+        return AgentStateStore(self.slurm.agent(), self.paths.session_dir, initial=self.initial)
+
+    @property
+    def scheduler(self) -> SlurmScheduler:
+        return self.slurm.scheduler()
+
+    def read(self) -> DocumentRead:
+        snap = self.store.snapshot()
+        return DocumentRead(document(snap.doc, self._job_name), snap.now)
+
+    def apply(self, change: Change) -> TxnResult:
+        return self.store.transact(change.patch)
+
+    def submit(self, spec: SbatchSpec, *, files: Files, token: str,
+               record_value: Mapping[str, Any], create: Mapping[str, Any]) -> SubmittedJob:
+        return self.scheduler.submit(
+            spec, state_path=self.paths.document, lock_path=self.paths.lock,
+            record="/allocation", record_value=record_value, create=create, files=files,
+            token=token,
+        )
+
+    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+        return self.scheduler.status(list(job_names))
+
+    def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
+        scheduler = self.scheduler
+        with scheduler.agent.batch() as batch:
+            status = batch.add(scheduler.status_op([job_name], [job_id])) if with_status else None
+            ready = batch.add(tail_op([TailRequest(self.paths.ready(job_id), 0, 65536)]))
+        chunk = ready.result().files[0]
+        complete = chunk.exists and chunk.eof and chunk.data.endswith(b"\n")
+        text = chunk.data.decode("utf-8", "replace") if complete else None
+        snapshot = None
+        if status is not None:
+            now = batch.response.now if batch.response else None
+            snapshot = scheduler.snapshot(status.result(), now)
+        return ReadyPoll(text, snapshot)
+
+    def beat(self, change: Change, content: str) -> None:
+        store = self.store
+        assert isinstance(store, AgentStateStore)
+        with self.slurm.agent().batch() as batch:
+            batch.add(store.txn_op(change.patch))
+            batch.add(write_file_op(self.paths.heartbeat, content, makedirs=True))
+
+    def cancel(self, job_ids: Sequence[str] = (), *, job_name: str | None = None) -> None:
+        if job_name is not None:
+            self.scheduler.cancel(job_name=job_name)
+        else:
+            self.scheduler.cancel(list(job_ids))
+
+    def tail(self, path: str, lines: int) -> str:
+        from dagster_slurm.session.allocation import last_lines
+
+        (text,) = last_lines(self.slurm.agent(), [path], lines)
+        return text
+
+    def read_lines(self, path: str) -> list[str]:
+        chunk = self.slurm.agent().run(tail_op([TailRequest(path, 0, 65536)])).files[0]
+        return [line for line in chunk.data.decode("utf-8", "replace").splitlines() if line.strip()]

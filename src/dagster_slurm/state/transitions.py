@@ -1,0 +1,392 @@
+"""Every change to the session document, as named pure transitions over one table.
+
+A transition is a function ``(doc, inputs) -> Change | Refused``. It reads the typed
+:class:`~dagster_slurm.state.schema.SessionDocument` (or None when the caller did not read it,
+see below), decides, and returns either a :class:`Change` — the patch to apply under the
+session lock — or a :class:`Refused` saying, in words a user can act on, why not. It never
+does I/O: the session applies the change with ``store.transact(change.patch)`` (one round
+trip, possibly batched with other operations).
+
+Guards: every patch starts with the ``test`` operations its decision relied on (the
+allocation's job id or token, the record's absence). The document may have changed between
+the unlocked read and the locked write; a guard then fails and the store reports a conflict
+(``TxnResult.ok`` False) without changing anything. So applying a change is always safe, and
+a caller that did not read the document (``doc=None``: the step launch and the drain record,
+which must stay one round trip) gets the same check, made under the lock.
+
+This module is the only place that writes session-document patches. The agent's ``submit``
+operation writes the head's submission record itself (it must happen under the lock right
+before sbatch); :func:`submit_head` returns the same patch, and
+:func:`head_submission_record` the value the session passes to that operation, so the fakes
+used in unit tests and the agent agree (a unit test compares them).
+
+The head allocation's states (:class:`HeadState`) and the edges between them::
+
+    ABSENT -> SUBMITTING -> SUBMITTED -> READY -> DRAINING
+                  |   \\                   ...every state but ABSENT -> ABSENT (retire)
+                  v    \\-> FAILED / IN_DOUBT
+
+:data:`TRANSITIONS` lists every edge with the reason it exists. Session-wide transitions
+(``beat``, ``close_session``) leave the head's state as it is; ``submit_head`` is refused once
+the session is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from dagster_slurm.state.schema import Allocation, SessionDocument
+
+Patch = tuple[Mapping[str, Any], ...]
+
+
+class HeadState(str, Enum):
+    """The state of the session's head allocation record (``/allocation``)."""
+
+    ABSENT = "absent"
+    """No head record: the next step submits one."""
+    SUBMITTING = "submitting"
+    """A process recorded its token and is running sbatch (or vanished while doing so)."""
+    SUBMITTED = "submitted"
+    """sbatch answered with a job id; the step server has not reported ready yet."""
+    READY = "ready"
+    """The step server accepts steps; nodes and the Ray address are recorded."""
+    DRAINING = "draining"
+    """A drain was requested: steps already started get the drain signal, later ones none."""
+    FAILED = "failed"
+    """sbatch refused the job; the record fails steps for a while, then is retired."""
+    IN_DOUBT = "in_doubt"
+    """sbatch did not answer in time (the agent's status ``unknown``): the job may exist."""
+    UNRECOGNIZED = "unrecognized"
+    """A status this library does not know (written by a newer one): never acted upon,
+    except by ``retire``."""
+
+
+ANY = "*"
+"""In :data:`TRANSITIONS`: a session-wide transition allowed in every state, which keeps it."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One allowed transition: from ``source``, ``name`` leads to ``target``."""
+
+    source: HeadState | str
+    name: str
+    target: HeadState | str
+    why: str
+
+
+TRANSITIONS: tuple[Edge, ...] = (
+    Edge(HeadState.ABSENT, "submit_head", HeadState.SUBMITTING,
+         "no head yet: the first process records its token under the lock, then runs sbatch"),
+    Edge(HeadState.SUBMITTING, "head_submitted", HeadState.SUBMITTED,
+         "sbatch printed a job id (written by the agent's submit operation)"),
+    Edge(HeadState.SUBMITTING, "head_submit_failed", HeadState.FAILED,
+         "sbatch refused the job; its message is kept for the steps that wait"),
+    Edge(HeadState.SUBMITTING, "head_submit_in_doubt", HeadState.IN_DOUBT,
+         "sbatch did not answer in time; the job may exist under the token"),
+    Edge(HeadState.SUBMITTING, "settle_found", HeadState.SUBMITTED,
+         "the submitter vanished, but squeue lists a job carrying its token"),
+    Edge(HeadState.SUBMITTED, "record_ready", HeadState.READY,
+         "the step server wrote its ready file; its nodes and Ray address are recorded"),
+    Edge(HeadState.SUBMITTED, "launch_step", HeadState.SUBMITTED,
+         "a step is requested while the ready record is missing (it failed to write)"),
+    Edge(HeadState.READY, "launch_step", HeadState.READY,
+         "a step is requested: only checks that the allocation is still the head"),
+    Edge(HeadState.DRAINING, "launch_step", HeadState.DRAINING,
+         "a step is requested in a draining allocation: the step server answers it drained"),
+    Edge(HeadState.SUBMITTED, "request_drain", HeadState.DRAINING,
+         "drain before the ready record was written"),
+    Edge(HeadState.READY, "request_drain", HeadState.DRAINING,
+         "drain requested: the signal went to the allocation; this records when"),
+    Edge(HeadState.DRAINING, "request_drain", HeadState.DRAINING,
+         "a repeated drain request moves the recorded time; draining stays permanent"),
+    Edge(HeadState.SUBMITTING, "retire", HeadState.ABSENT,
+         "the submitter vanished and squeue has no job with its token: history, unknown"),
+    Edge(HeadState.SUBMITTED, "retire", HeadState.ABSENT,
+         "the allocation ended (or was unschedulable) before it accepted steps: history"),
+    Edge(HeadState.READY, "retire", HeadState.ABSENT,
+         "the allocation ended after serving steps: history; the next step submits anew"),
+    Edge(HeadState.DRAINING, "retire", HeadState.ABSENT,
+         "a drained allocation ended: history"),
+    Edge(HeadState.FAILED, "retire", HeadState.ABSENT,
+         "a refused submission older than the failure window: history; a retry submits"),
+    Edge(HeadState.IN_DOUBT, "retire", HeadState.ABSENT,
+         "an unanswered submission whose token squeue does not list: history"),
+    Edge(HeadState.UNRECOGNIZED, "retire", HeadState.ABSENT,
+         "a record of a newer library that ended: history, kept as it was"),
+    Edge(ANY, "beat", ANY,
+         "a supervising process is alive: host, pid and the login node's time"),
+    Edge(ANY, "close_session", ANY,
+         "teardown or orphan reconciliation: no process submits for the session again"),
+)
+
+TABLE: Mapping[tuple[HeadState | str, str], HeadState | str] = {
+    (edge.source, edge.name): edge.target for edge in TRANSITIONS
+}
+"""``(state, transition) -> state``: the edges of :data:`TRANSITIONS` as a lookup."""
+
+_STATUS = {
+    "submitting": HeadState.SUBMITTING,
+    "failed": HeadState.FAILED,
+    "unknown": HeadState.IN_DOUBT,
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """A decided transition: apply ``patch`` under the session lock (guards first)."""
+
+    transition: str
+    patch: Patch
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A transition that does not apply to the document, and why (for the user)."""
+
+    transition: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.transition} refused: {self.reason}"
+
+
+Outcome = Change | Refused
+
+
+def document(raw: Mapping[str, Any] | None, job_name: str = "") -> SessionDocument | None:
+    """The typed form of a raw document (None when it does not exist yet)."""
+    if raw is None:
+        return None
+    data = dict(raw)
+    data.setdefault("job_name", job_name)
+    return SessionDocument.from_dict(data)
+
+
+def head_state(doc: SessionDocument | None) -> HeadState:
+    """The state of ``doc``'s head allocation record."""
+    record = doc.allocation if doc is not None else None
+    if record is None:
+        return HeadState.ABSENT
+    if record.status == "submitted":
+        if not record.job_id:
+            return HeadState.UNRECOGNIZED
+        if record.drain_requested_at is not None:
+            return HeadState.DRAINING
+        return HeadState.READY if record.ready_at is not None else HeadState.SUBMITTED
+    return _STATUS.get(record.status, HeadState.UNRECOGNIZED)
+
+
+def allowed(state: HeadState, name: str) -> HeadState | str | None:
+    """The state ``name`` leads to from ``state`` (None: not an edge of the table)."""
+    target = TABLE.get((state, name))
+    if target is None and (ANY, name) in TABLE:
+        return state
+    return target
+
+
+def _edge(doc: SessionDocument | None, name: str) -> Refused | None:
+    """Refused when the table has no edge ``name`` from ``doc``'s head state (None: go on).
+    Without a document (the caller did not read it) only the patch's guards decide."""
+    if doc is None:
+        return None
+    state = head_state(doc)
+    if allowed(state, name) is not None:
+        return None
+    sources = sorted(str(e.source.value if isinstance(e.source, HeadState) else e.source)
+                     for e in TRANSITIONS if e.name == name)
+    return Refused(name, f"the head allocation is {_describe(doc.allocation, state)}; "
+                         f"{name} applies only when it is {' or '.join(sources)}")
+
+
+def _describe(record: Allocation | None, state: HeadState) -> str:
+    if record is None:
+        return "absent"
+    job = f" (job {record.job_id})" if record.job_id else f" (token {record.token})"
+    status = state.value if state is not HeadState.UNRECOGNIZED else f"{record.status!r}"
+    return status + job
+
+
+# -- head allocation ----------------------------------------------------------------------------
+HEAD = "/allocation"
+
+
+def head_submission_record(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the session adds to the head's submission record (``record_value`` of the
+    agent's submit operation; the agent adds ``token``, ``status`` and ``submitted_at``)."""
+    return {"kind": "head", "config": dict(config)}
+
+
+def submit_head(doc: SessionDocument | None, *, token: str, config: Mapping[str, Any],
+                job_name: str = "") -> Outcome:
+    """ABSENT -> SUBMITTING: record the token before sbatch runs. Refused when the session
+    is closed or already has a head record (the caller then waits for that one)."""
+    if doc is not None and doc.closed:
+        return Refused("submit_head", closed_message(doc, job_name))
+    refused = _edge(doc, "submit_head")
+    if refused is not None:
+        return refused
+    value = dict(head_submission_record(config), token=token, status="submitting")
+    return Change("submit_head", (
+        {"op": "absent", "path": HEAD},
+        {"op": "add", "path": HEAD, "value": value},
+        {"op": "add", "path": f"{HEAD}/submitted_at", "value_now": 0},
+    ))
+
+
+def closed_message(doc: SessionDocument, job_name: str = "") -> str:
+    """Why a closed session submits nothing (shown to the user)."""
+    name = job_name or doc.job_name
+    reason = f" ({doc.closed_reason})" if doc.closed_reason else ""
+    return (f"the run session {name} was closed{reason} (the run's teardown cancelled its "
+            "allocation); no new allocation is submitted for it")
+
+
+def _token_guard(token: str) -> Mapping[str, Any]:
+    return {"op": "test", "path": f"{HEAD}/token", "value": token}
+
+
+def _job_guard(job_id: str) -> Mapping[str, Any]:
+    return {"op": "test", "path": f"{HEAD}/job_id", "value": job_id}
+
+
+def _owns(doc: SessionDocument | None, name: str, key: str, value: str) -> Refused | None:
+    """Refused unless ``doc``'s head record has ``key`` == ``value`` (None: go on)."""
+    if doc is None:
+        return None
+    record = doc.allocation
+    if record is None or getattr(record, key) != value:
+        current = "absent" if record is None else f"{key} {getattr(record, key)!r}"
+        return Refused(name, f"the head allocation is no longer the one with {key} {value!r} "
+                             f"(now {current})")
+    return None
+
+
+def head_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
+                   rc: int | None = 0) -> Outcome:
+    """SUBMITTING -> SUBMITTED: sbatch answered ``job_id`` for ``token``."""
+    refused = _owns(doc, "head_submitted", "token", token) or _edge(doc, "head_submitted")
+    if refused is not None:
+        return refused
+    return Change("head_submitted", (
+        _token_guard(token),
+        {"op": "add", "path": f"{HEAD}/status", "value": "submitted"},
+        {"op": "add", "path": f"{HEAD}/job_id", "value": job_id},
+        {"op": "add", "path": f"{HEAD}/rc", "value": rc},
+        {"op": "add", "path": f"{HEAD}/finished_at", "value_now": 0},
+    ))
+
+
+def head_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
+                       rc: int | None = None, in_doubt: bool = False) -> Outcome:
+    """SUBMITTING -> FAILED (sbatch refused) or IN_DOUBT (sbatch did not answer)."""
+    name = "head_submit_in_doubt" if in_doubt else "head_submit_failed"
+    refused = _owns(doc, name, "token", token) or _edge(doc, name)
+    if refused is not None:
+        return refused
+    return Change(name, (
+        _token_guard(token),
+        {"op": "add", "path": f"{HEAD}/status", "value": "unknown" if in_doubt else "failed"},
+        {"op": "add", "path": f"{HEAD}/rc", "value": rc},
+        {"op": "add", "path": f"{HEAD}/error", "value": error[-2000:]},
+        {"op": "add", "path": f"{HEAD}/finished_at", "value_now": 0},
+    ))
+
+
+def settle_found(doc: SessionDocument | None, *, token: str, job_id: str) -> Outcome:
+    """SUBMITTING -> SUBMITTED: a vanished submitter's job, found by its token in squeue."""
+    refused = _owns(doc, "settle_found", "token", token) or _edge(doc, "settle_found")
+    if refused is not None:
+        return refused
+    return Change("settle_found", (
+        _token_guard(token),
+        {"op": "add", "path": f"{HEAD}/status", "value": "submitted"},
+        {"op": "add", "path": f"{HEAD}/job_id", "value": job_id},
+    ))
+
+
+def record_ready(doc: SessionDocument | None, *, job_id: str, nodes: Sequence[str],
+                 ray_address: str | None) -> Outcome:
+    """SUBMITTED -> READY: the step server accepts steps on ``nodes`` (head first)."""
+    refused = _owns(doc, "record_ready", "job_id", job_id) or _edge(doc, "record_ready")
+    if refused is not None:
+        return refused
+    return Change("record_ready", (
+        _job_guard(job_id),
+        {"op": "add", "path": f"{HEAD}/nodes", "value": list(nodes)},
+        {"op": "add", "path": f"{HEAD}/ray_address", "value": ray_address},
+        {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
+    ))
+
+
+def launch_step(doc: SessionDocument | None, *, job_id: str) -> Outcome:
+    """A step is requested in ``job_id``: the guard that it is still the head (no write)."""
+    refused = _owns(doc, "launch_step", "job_id", job_id) or _edge(doc, "launch_step")
+    if refused is not None:
+        return refused
+    return Change("launch_step", (_job_guard(job_id),))
+
+
+def request_drain(doc: SessionDocument | None, *, job_id: str) -> Outcome:
+    """SUBMITTED/READY/DRAINING -> DRAINING: record when the drain was requested."""
+    refused = _owns(doc, "request_drain", "job_id", job_id) or _edge(doc, "request_drain")
+    if refused is not None:
+        return refused
+    return Change("request_drain", (
+        _job_guard(job_id),
+        {"op": "add", "path": f"{HEAD}/drain_requested_at", "value_now": 0},
+    ))
+
+
+def retire(doc: SessionDocument | None, *, key: str, value: str,
+           final_state: str | None) -> Outcome:
+    """Any state but ABSENT -> ABSENT: move the head record whose ``key`` (``job_id`` or
+    ``token``) is ``value`` to ``/history/<job id or token>`` with ``final_state`` and
+    ``ended_at``. Needs the document (the record is copied)."""
+    if key not in ("job_id", "token"):
+        raise ValueError(f"retire by {key!r}: use 'job_id' or 'token'")
+    if doc is None:
+        return Refused("retire", "the session document was not read; read it and retry")
+    refused = _owns(doc, "retire", key, value) or _edge(doc, "retire")
+    if refused is not None:
+        return refused
+    record = doc.model_dump(mode="json")["allocation"]
+    name = str(record.get("job_id") or record.get("token"))
+    entry = dict(record, final_state=final_state)
+    return Change("retire", (
+        {"op": "test", "path": f"{HEAD}/{key}", "value": value},
+        {"op": "setdefault", "path": "/history", "value": {}},
+        {"op": "add", "path": f"/history/{_escape(name)}", "value": entry},
+        {"op": "add", "path": f"/history/{_escape(name)}/ended_at", "value_now": 0},
+        {"op": "remove", "path": HEAD},
+    ))
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+# -- session-wide ------------------------------------------------------------------------------
+def beat(doc: SessionDocument | None, *, host: str, pid: int) -> Outcome:
+    """Any state: ``/heartbeat`` = this process, at the login node's time."""
+    return Change("beat", (
+        {"op": "add", "path": "/heartbeat", "value": {"host": host, "pid": pid, "at": 0}},
+        {"op": "add", "path": "/heartbeat/at", "value_now": 0},
+    ))
+
+
+def close_session(doc: SessionDocument | None, *, reason: str) -> Outcome:
+    """Any state: the session is closed (its jobs were cancelled by job name)."""
+    return Change("close_session", (
+        {"op": "add", "path": "/closed_at", "value_now": 0},
+        {"op": "add", "path": "/closed_reason", "value": reason},
+    ))
+
+
+def transition_names() -> tuple[str, ...]:
+    """Every transition name of the table, in table order."""
+    return tuple(dict.fromkeys(edge.name for edge in TRANSITIONS))
