@@ -62,6 +62,10 @@ class SubmissionInDoubt(AgentOpError):
     """A submission record for this token exists without a job id: look the job up by token."""
 
 
+class SubmitGuardFailed(AgentOpError):
+    """A submission's guard did not hold under the lock: nothing was recorded or submitted."""
+
+
 class PatchRejected(AgentOpError):
     """A patch was malformed or did not fit the document (not a conflict); nothing was written."""
 
@@ -75,6 +79,7 @@ _BY_TYPE: dict[str, type[AgentOpError]] = {
     "CommandTimeout": AgentCommandTimeout,
     "Skipped": OpSkipped,
     "SubmissionInDoubt": SubmissionInDoubt,
+    "SubmitGuardFailed": SubmitGuardFailed,
     "PatchError": PatchRejected,
     "DocumentMissing": DocumentError,
     "CorruptDocument": DocumentError,

@@ -154,13 +154,16 @@ def submit_op(
     create: Mapping[str, Any] | None = None,
     max_schema_version: int | None = None,
     on_submitted: tuple[str, Mapping[str, Any]] | None = None,
+    guards: Sequence[Mapping[str, Any]] = (),
 ) -> AgentOp[SubmitResult]:
     """Record ``token`` at pointer ``record``, run ``argv`` (sbatch) unlocked, record the outcome.
 
     ``argv`` must contain the token (``--comment=<token>``), so an interrupted submission can
     be found in squeue's comment column. ``on_submitted=(path_template, value)``, e.g.
     ``("/workers/{job_id}", {"intent": "gpu"})``, also writes the job's own record in the
-    transaction that records the job id.
+    transaction that records the job id. ``guards`` (``test``/``absent`` operations) must
+    hold in the transaction that records the token, else nothing is written or submitted
+    (:class:`~dagster_slurm.agent.exceptions.SubmitGuardFailed`).
     """
     params = {
         "argv": list(argv),
@@ -171,6 +174,7 @@ def submit_op(
         "on_submitted": None
         if on_submitted is None
         else {"path": on_submitted[0], "value": dict(on_submitted[1])},
+        "guards": [dict(guard) for guard in guards],
         "state": {
             "path": state_path,
             "lock": lock_path,

@@ -191,6 +191,7 @@ class SlurmScheduler:
         lock_path: str | None = None,
         record_value: Mapping[str, Any] | None = None,
         create: Mapping[str, Any] | None = None,
+        guards: Sequence[Mapping[str, Any]] = (),
     ) -> SubmittedJob:
         """Write ``files`` (path -> (content, mode)), then submit ``spec`` with a token.
 
@@ -199,7 +200,9 @@ class SlurmScheduler:
         whose answer was lost can be found again. Raises :class:`SchedulerError` with
         Slurm's message when sbatch rejects the job. ``lock_path`` defaults to
         ``<state_path>.lock``; ``record_value`` adds fields to the submission record;
-        ``create`` is the document written when ``state_path`` does not exist yet. When
+        ``create`` is the document written when ``state_path`` does not exist yet;
+        ``guards`` must hold when the token is recorded (else
+        :class:`~dagster_slurm.agent.exceptions.SubmitGuardFailed`, nothing submitted). When
         ``record`` already holds another submission, the agent's
         :class:`~dagster_slurm.agent.exceptions.SubmissionInDoubt` propagates (the record is
         still ``submitting``) or the other job is returned with ``recovered`` set.
@@ -221,6 +224,7 @@ class SlurmScheduler:
                     record=record,
                     record_value=record_value,
                     create=dict(create) if create is not None else {"schema_version": 1},
+                    guards=guards,
                 ),
                 requires=written,
             )

@@ -19,6 +19,7 @@ from dagster_slurm.agent.results import TailRequest, TxnResult
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.store import AgentStateStore, StateStore
 from dagster_slurm.state.transitions import Change, document
@@ -56,7 +57,9 @@ class SessionIO(Protocol):
 
     def submit(self, spec: SbatchSpec, *, files: Files, token: str,
                record_value: Mapping[str, Any], create: Mapping[str, Any]) -> SubmittedJob:
-        """Write ``files``, record ``token`` at ``/allocation`` if absent, run sbatch."""
+        """Write ``files``, record ``token`` at ``/allocation`` if absent and the session is
+        open (:data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`), run sbatch. Raises
+        SubmissionInDoubt when another record is there, SubmitGuardFailed when closed."""
 
     def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
         """squeue for the session's job name(s)."""
@@ -110,7 +113,7 @@ class AgentSessionIO:
         return self.scheduler.submit(
             spec, state_path=self.paths.document, lock_path=self.paths.lock,
             record="/allocation", record_value=record_value, create=create, files=files,
-            token=token,
+            token=token, guards=tr.SUBMIT_GUARDS,
         )
 
     def queue(self, job_names: Sequence[str]) -> StatusSnapshot:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dagster_slurm.agent.exceptions import SubmissionInDoubt
+from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.compute.errors import SlurmJobUnschedulable, SlurmSubmissionError
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
@@ -286,8 +286,8 @@ class RunSession:
                 record_value=tr.head_submission_record(self.config.snapshot()),
                 create=self.initial_document(),
             )
-        except SubmissionInDoubt:
-            return None, False
+        except (SubmissionInDoubt, SubmitGuardFailed):
+            return None, False  # another record, or closed meanwhile: read the document again
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
         except BaseException:
@@ -385,9 +385,11 @@ class RunSession:
         """Move the ``/allocation`` record whose ``key`` is ``value`` to ``/history``."""
         if value is None:
             return
-        decided = tr.retire(self.io.read().doc, key=key, value=str(value), final_state=state)
-        if isinstance(decided, tr.Change):
-            self.io.apply(decided)
+        for _attempt in range(5):
+            decided = tr.retire(self.io.read().doc, key=key, value=str(value), final_state=state)
+            if isinstance(decided, tr.Refused) or self.io.apply(decided).ok:
+                return  # not (or no longer) the head record, or moved to history
+        log.warning("could not retire allocation record %s=%s: it kept changing", key, value)
 
     def cleanup_step(self, step_key: str) -> None:
         """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every

@@ -221,6 +221,11 @@ def head_submission_record(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "head", "config": dict(config)}
 
 
+SUBMIT_GUARDS: Patch = ({"op": "absent", "path": "/closed_at"},)
+"""What must hold when the head's token is recorded: the session is not closed (passed to
+the agent's submit operation, which checks it under the same lock)."""
+
+
 def submit_head(doc: SessionDocument | None, *, token: str, config: Mapping[str, Any],
                 job_name: str = "") -> Outcome:
     """ABSENT -> SUBMITTING: record the token before sbatch runs. Refused when the session
@@ -232,6 +237,7 @@ def submit_head(doc: SessionDocument | None, *, token: str, config: Mapping[str,
         return refused
     value = dict(head_submission_record(config), token=token, status="submitting")
     return Change("submit_head", (
+        *SUBMIT_GUARDS,
         {"op": "absent", "path": HEAD},
         {"op": "add", "path": HEAD, "value": value},
         {"op": "add", "path": f"{HEAD}/submitted_at", "value_now": 0},
@@ -246,12 +252,16 @@ def closed_message(doc: SessionDocument, job_name: str = "") -> str:
             "allocation); no new allocation is submitted for it")
 
 
-def _token_guard(token: str) -> Mapping[str, Any]:
-    return {"op": "test", "path": f"{HEAD}/token", "value": token}
+def _submitting(token: str) -> Patch:
+    """Guards: the head record is ``token``'s and still SUBMITTING."""
+    return ({"op": "test", "path": f"{HEAD}/token", "value": token},
+            {"op": "test", "path": f"{HEAD}/status", "value": "submitting"})
 
 
-def _job_guard(job_id: str) -> Mapping[str, Any]:
-    return {"op": "test", "path": f"{HEAD}/job_id", "value": job_id}
+def _submitted(job_id: str) -> Patch:
+    """Guards: the head record is job ``job_id``'s (SUBMITTED, READY or DRAINING)."""
+    return ({"op": "test", "path": f"{HEAD}/job_id", "value": job_id},
+            {"op": "test", "path": f"{HEAD}/status", "value": "submitted"})
 
 
 def _owns(doc: SessionDocument | None, name: str, key: str, value: str) -> Refused | None:
@@ -273,7 +283,7 @@ def head_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
     if refused is not None:
         return refused
     return Change("head_submitted", (
-        _token_guard(token),
+        *_submitting(token),
         {"op": "add", "path": f"{HEAD}/status", "value": "submitted"},
         {"op": "add", "path": f"{HEAD}/job_id", "value": job_id},
         {"op": "add", "path": f"{HEAD}/rc", "value": rc},
@@ -289,7 +299,7 @@ def head_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
     if refused is not None:
         return refused
     return Change(name, (
-        _token_guard(token),
+        *_submitting(token),
         {"op": "add", "path": f"{HEAD}/status", "value": "unknown" if in_doubt else "failed"},
         {"op": "add", "path": f"{HEAD}/rc", "value": rc},
         {"op": "add", "path": f"{HEAD}/error", "value": error[-2000:]},
@@ -303,7 +313,7 @@ def settle_found(doc: SessionDocument | None, *, token: str, job_id: str) -> Out
     if refused is not None:
         return refused
     return Change("settle_found", (
-        _token_guard(token),
+        *_submitting(token),
         {"op": "add", "path": f"{HEAD}/status", "value": "submitted"},
         {"op": "add", "path": f"{HEAD}/job_id", "value": job_id},
     ))
@@ -316,7 +326,9 @@ def record_ready(doc: SessionDocument | None, *, job_id: str, nodes: Sequence[st
     if refused is not None:
         return refused
     return Change("record_ready", (
-        _job_guard(job_id),
+        *_submitted(job_id),
+        {"op": "absent", "path": f"{HEAD}/ready_at"},
+        {"op": "absent", "path": f"{HEAD}/drain_requested_at"},
         {"op": "add", "path": f"{HEAD}/nodes", "value": list(nodes)},
         {"op": "add", "path": f"{HEAD}/ray_address", "value": ray_address},
         {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
@@ -328,7 +340,7 @@ def launch_step(doc: SessionDocument | None, *, job_id: str) -> Outcome:
     refused = _owns(doc, "launch_step", "job_id", job_id) or _edge(doc, "launch_step")
     if refused is not None:
         return refused
-    return Change("launch_step", (_job_guard(job_id),))
+    return Change("launch_step", _submitted(job_id))
 
 
 def request_drain(doc: SessionDocument | None, *, job_id: str) -> Outcome:
@@ -337,7 +349,7 @@ def request_drain(doc: SessionDocument | None, *, job_id: str) -> Outcome:
     if refused is not None:
         return refused
     return Change("request_drain", (
-        _job_guard(job_id),
+        *_submitted(job_id),
         {"op": "add", "path": f"{HEAD}/drain_requested_at", "value_now": 0},
     ))
 
@@ -354,11 +366,13 @@ def retire(doc: SessionDocument | None, *, key: str, value: str,
     refused = _owns(doc, "retire", key, value) or _edge(doc, "retire")
     if refused is not None:
         return refused
+    raw = doc.model_dump(mode="json", exclude_unset=True)["allocation"]
     record = doc.model_dump(mode="json")["allocation"]
     name = str(record.get("job_id") or record.get("token"))
     entry = dict(record, final_state=final_state)
     return Change("retire", (
-        {"op": "test", "path": f"{HEAD}/{key}", "value": value},
+        # the record as read, exactly: a record changed meanwhile is re-read, not lost
+        {"op": "test", "path": HEAD, "value": raw},
         {"op": "setdefault", "path": "/history", "value": {}},
         {"op": "add", "path": f"/history/{_escape(name)}", "value": entry},
         {"op": "add", "path": f"/history/{_escape(name)}/ended_at", "value_now": 0},

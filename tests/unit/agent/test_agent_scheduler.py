@@ -233,3 +233,61 @@ def test_parse_job_id(stdout: str, job_id: str | None) -> None:
 def test_listed_job_ids_match_the_first_field_only() -> None:
     out = "11|R|node12\n12_4|PD|x\n 13 R\n1300|R|x\n"
     assert listed_job_ids(out, ["11", "12", "13", "130", "14"]) == {"11", "12", "13"}
+
+
+# -- the head's submission record is the transitions' record ----------------------------------
+def _head_submit(client: AgentClient, state: dict[str, str], token: str, create: dict) -> Any:
+    from dagster_slurm.state import transitions as tr
+
+    return client.run(submit_op(
+        ["sbatch", "--parsable", f"--comment={token}", "job.sh"], token=token,
+        record="/allocation", record_value=tr.head_submission_record({"num_nodes": 2}),
+        create=create, guards=tr.SUBMIT_GUARDS, **state,
+    ))
+
+
+def test_the_agent_writes_the_head_record_the_transitions_describe(
+    client: AgentClient, bindir: Path, state: dict[str, str]
+) -> None:
+    from dagster_slurm.state import MemoryStateStore, new_session_document
+    from dagster_slurm.state import transitions as tr
+
+    write_script(bindir, "sbatch", "echo 'Submitted batch job 4242'\n")
+    initial = new_session_document("dsr-x", run_id="r")
+    assert _head_submit(client, state, TOKEN, initial).job_id == "4242"
+    on_cluster = json.loads(Path(state["state_path"]).read_text())["allocation"]
+
+    memory = MemoryStateStore(initial, clock=lambda: on_cluster["submitted_at"])
+    for decided in (tr.submit_head(None, token=TOKEN, config={"num_nodes": 2}),
+                    tr.head_submitted(None, token=TOKEN, job_id="4242", rc=0)):
+        assert isinstance(decided, tr.Change)
+        assert memory.transact(decided.patch).ok
+    in_memory = (memory.snapshot().doc or {})["allocation"]
+    in_memory["finished_at"] = on_cluster["finished_at"]  # two clocks, otherwise equal
+    assert in_memory == on_cluster
+    typed = tr.document(json.loads(Path(state["state_path"]).read_text()))
+    assert tr.head_state(typed) is tr.HeadState.SUBMITTED
+
+
+def test_a_closed_session_gets_no_submission_and_sbatch_does_not_run(
+    client: AgentClient, bindir: Path, state: dict[str, str], tmp_path: Path
+) -> None:
+    from dagster_slurm.agent.exceptions import SubmitGuardFailed
+    from dagster_slurm.state import new_session_document
+
+    write_script(bindir, "sbatch", f"touch {tmp_path / 'ran'}; echo 'Submitted batch job 1'\n")
+    client.run(txn_op(state["state_path"], state["lock_path"],
+                      [{"op": "add", "path": "/closed_at", "value": 5.0}],
+                      create=new_session_document("dsr-x")))
+    with pytest.raises(SubmitGuardFailed, match="closed_at"):
+        _head_submit(client, state, TOKEN, new_session_document("dsr-x"))
+    assert not (tmp_path / "ran").exists()
+    assert json.loads(Path(state["state_path"]).read_text()).get("allocation") is None
+
+
+def test_guards_must_be_test_or_absent_operations(
+    client: AgentClient, state: dict[str, str]
+) -> None:
+    with pytest.raises(AgentOpError, match="guards"):
+        client.run(submit_op(["sbatch", f"--comment={TOKEN}"], token=TOKEN, record="/a",
+                             guards=[{"op": "add", "path": "/x", "value": 1}], **state))

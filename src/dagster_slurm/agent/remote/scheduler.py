@@ -19,6 +19,9 @@ the job id printed by ``sbatch``.
   ``{job_id}`` filled in), so the job's own record appears atomically with its id. The
   submission record is kept (it is what makes a retried token idempotent); pruning old
   records is the caller's business.
+* ``guards`` (``test``/``absent`` operations) are checked in the same locked transaction that
+  writes the record: when one fails nothing is written, sbatch does not run, and the error
+  ``SubmitGuardFailed`` carries the conflict and the document (e.g. the session was closed).
 
 Non-guarantees: if the agent dies between ``sbatch`` and the second write, the record stays
 ``submitting``. The job carries the token in its comment (``submit`` refuses an argv without
@@ -143,16 +146,22 @@ def op_submit(params: dict, ctx: OpContext) -> dict:
         raise bad_request("parameter 'record_value' must be an object")
     value = dict(value, token=token, status="submitting")
     on_submitted = _on_submitted(params.get("on_submitted"))
+    guards = params.get("guards") or []
+    if not isinstance(guards, list) or not all(
+        isinstance(g, dict) and g.get("op") in ("test", "absent") for g in guards
+    ):
+        raise bad_request("parameter 'guards' must be a list of test/absent operations")
 
-    existing = _record_intent(state, ctx, tokens, value, record)
+    existing = _record_intent(state, ctx, tokens, value, record, guards)
     if existing is not None:
         return existing
     outcome = _run_sbatch(argv, get_number(params, "timeout", 120.0))
     return _record_outcome(state, ctx, tokens, value, outcome, on_submitted)
 
 
-def _record_intent(state: dict, ctx: OpContext, tokens: list, value: dict, record: str):
-    patch = _parents(tokens) + [
+def _record_intent(state: dict, ctx: OpContext, tokens: list, value: dict, record: str,
+                   guards: list = ()):
+    patch = list(guards) + _parents(tokens) + [
         {"op": "absent", "path": record},
         {"op": "add", "path": record, "value": value},
         {"op": "add", "path": record + "/submitted_at", "value_now": 0},
@@ -161,7 +170,15 @@ def _record_intent(state: dict, ctx: OpContext, tokens: list, value: dict, recor
         locked_transaction(state, ctx, lambda _d, _n: patch, f"submit {value['token']}")
     except OpError as exc:
         conflict = exc.fields.get("conflict") or {}
-        if exc.type != "Conflict" or conflict.get("op", {}).get("op") != "absent":
+        if exc.type != "Conflict":
+            raise
+        if conflict.get("index", len(guards)) < len(guards):
+            raise OpError(
+                "SubmitGuardFailed",
+                f"not submitted: guard {conflict.get('op')} does not hold",
+                conflict=conflict, doc=exc.fields.get("doc"), version=exc.fields.get("version"),
+            ) from None
+        if conflict.get("op", {}).get("op") != "absent":
             raise
         found = conflict.get("actual")
         if isinstance(found, dict) and found.get("status") == "submitted" and found.get("job_id"):

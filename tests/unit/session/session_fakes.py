@@ -1,0 +1,217 @@
+"""An in-memory cluster for unit tests of the run-session protocol.
+
+:class:`FakeCluster` implements :class:`~dagster_slurm.session.io.SessionIO` with a
+:class:`~dagster_slurm.state.store.MemoryStateStore` (the same patch code as the agent), a
+scripted queue and a fake clock whose ``sleep`` only advances time. Its ``submit`` records the
+head's submission the way the agent's submit operation does (the patch of
+``transitions.submit_head``, then ``head_submitted``), so the session's decisions can be
+tested without a cluster and without waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
+from dagster_slurm.agent.results import TxnResult
+from dagster_slurm.errors import SchedulerError
+from dagster_slurm.scheduler.client import StatusSnapshot, SubmittedJob
+from dagster_slurm.session.io import DocumentRead, ReadyPoll
+from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.slurm.parsers import SqueueRecord
+from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import transitions as tr
+from dagster_slurm.state.store import MemoryStateStore
+
+WALL_EPOCH = 1_800_000_000.0
+
+
+class FakeClock:
+    """Monotonic time ``t`` and the login node's wall clock ``WALL_EPOCH + t``; ``sleep``
+    advances ``t`` and runs the hooks due by then (scripted cluster events)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.slept = 0.0
+        self._hooks: list[tuple[float, Callable[[], None]]] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wall(self) -> float:
+        return WALL_EPOCH + self.t
+
+    def at(self, when: float, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the clock reaches ``when`` (during a sleep)."""
+        self._hooks.append((when, hook))
+        self._hooks.sort(key=lambda item: item[0])
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0, seconds
+        self.t += seconds
+        self.slept += seconds
+        while self._hooks and self._hooks[0][0] <= self.t:
+            _, hook = self._hooks.pop(0)
+            hook()
+        if self.slept > 100_000:
+            raise AssertionError("the session waited forever (fake clock past 100000 s)")
+
+
+@dataclass
+class FakeJob:
+    job_id: str
+    name: str
+    token: str
+    state: JobState = JobState.PENDING
+    reason: str | None = "Priority"
+    nodes: tuple[str, ...] = ()
+    ready: str | None = None
+
+
+@dataclass
+class FakeCluster:
+    """See the module docstring. ``jobs`` by id; ``calls`` counts each kind of call."""
+
+    initial: Mapping[str, Any]
+    clock: FakeClock = field(default_factory=FakeClock)
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    queue_answers: bool = True
+    sbatch_error: str | None = None
+    on_submit: Callable[[FakeJob], None] | None = None
+    cancelled: list[str] = field(default_factory=list)
+    beats: list[str] = field(default_factory=list)
+    next_id: int = 100
+
+    def __post_init__(self) -> None:
+        self.store = MemoryStateStore(self.initial, clock=self.clock.wall)
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    # -- SessionIO -------------------------------------------------------------------------
+    @property
+    def scheduler(self) -> None:
+        return None
+
+    def read(self) -> DocumentRead:
+        self._count("read")
+        snap = self.store.snapshot()
+        return DocumentRead(tr.document(snap.doc, str(self.initial["job_name"])), snap.now)
+
+    def apply(self, change: tr.Change) -> TxnResult:
+        self._count(change.transition)
+        return self.store.transact(change.patch)
+
+    def submit(self, spec: SbatchSpec, *, files: Mapping[str, tuple[str | bytes, int]],
+               token: str, record_value: Mapping[str, Any],
+               create: Mapping[str, Any]) -> SubmittedJob:
+        self._count("sbatch")
+        for path, (content, _mode) in files.items():
+            self.files[path] = content if isinstance(content, str) else content.decode()
+        # what the agent's submit op writes: the record if absent ...
+        intent = self.store.transact([
+            *tr.SUBMIT_GUARDS,
+            {"op": "absent", "path": "/allocation"},
+            {"op": "add", "path": "/allocation",
+             "value": dict(record_value, token=token, status="submitting")},
+            {"op": "add", "path": "/allocation/submitted_at", "value_now": 0},
+        ])
+        if not intent.ok and (intent.conflict or {}).get("index", 99) < len(tr.SUBMIT_GUARDS):
+            raise SubmitGuardFailed("SubmitGuardFailed", "closed", {}, 0)
+        if not intent.ok:
+            found = (intent.doc or {}).get("allocation") or {}
+            if found.get("status") == "submitted" and found.get("job_id"):
+                return SubmittedJob(str(found["job_id"]), token, recovered=True)
+            raise SubmissionInDoubt("SubmissionInDoubt", "record exists", {"record": found}, 0)
+        # ... then sbatch, then the outcome
+        doc = tr.document(self.store.snapshot().doc)
+        if self.sbatch_error is not None:
+            failed = tr.head_submit_failed(doc, token=token, error=self.sbatch_error, rc=1)
+            assert isinstance(failed, tr.Change)
+            self.store.transact(failed.patch)
+            raise SchedulerError(f"sbatch rejected job {spec.job_name!r}: {self.sbatch_error}")
+        job_id = str(self.next_id)
+        self.next_id += 1
+        job = FakeJob(job_id, spec.job_name, token)
+        self.jobs[job_id] = job
+        done = tr.head_submitted(doc, token=token, job_id=job_id)
+        assert isinstance(done, tr.Change)
+        assert self.store.transact(done.patch).ok
+        if self.on_submit is not None:
+            self.on_submit(job)
+        return SubmittedJob(job_id, token)
+
+    def _snapshot(self, job_names: Sequence[str]) -> StatusSnapshot:
+        if not self.queue_answers:
+            return StatusSnapshot(self.clock.wall(), False, {}, {}, {}, (), "squeue failed")
+        # squeue still lists a job that just ended (until MinJobAge), with its final state
+        queue = {job.job_id: _record(job) for job in self.jobs.values() if job.name in job_names}
+        absent = tuple(j for j, job in self.jobs.items() if job.name not in job_names)
+        return StatusSnapshot(self.clock.wall(), True, queue, {}, {}, absent)
+
+    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+        self._count("squeue")
+        return self._snapshot(job_names)
+
+    def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
+        self._count("poll_ready")
+        job = self.jobs.get(job_id)
+        status = None
+        if with_status:
+            self._count("squeue")
+            status = self._snapshot([job_name])
+        return ReadyPoll(job.ready if job is not None else None, status)
+
+    def beat(self, change: tr.Change, content: str) -> None:
+        self._count("beat")
+        self.store.transact(change.patch)
+        self.beats.append(content)
+
+    def cancel(self, job_ids: Sequence[str] = (), *, job_name: str | None = None) -> None:
+        self._count("scancel")
+        for job in self.jobs.values():
+            if (job.job_id in job_ids or job.name == job_name) and job.state.active:
+                job.state = JobState.CANCELLED
+                self.cancelled.append(job.job_id)
+
+    def tail(self, path: str, lines: int) -> str:
+        return "\n".join(self.files.get(path, "").splitlines()[-lines:])
+
+    def read_lines(self, path: str) -> list[str]:
+        job_id = path.rstrip("/").split("/")[-2]
+        job = self.jobs.get(job_id)
+        return list(job.nodes) if job is not None else []
+
+    # -- scripting -------------------------------------------------------------------------
+    def start(self, job_id: str, *, nodes: tuple[str, ...] = ("c1",),
+              ray_address: str | None = None) -> None:
+        """The job runs and its step server reports ready."""
+        job = self.jobs[job_id]
+        job.state, job.reason, job.nodes = JobState.RUNNING, None, nodes
+        lines = [f"head={nodes[0]}"] + ([f"ray_address={ray_address}"] if ray_address else [])
+        job.ready = "\n".join(lines) + "\n"
+
+    def run_without_ready(self, job_id: str) -> None:
+        job = self.jobs[job_id]
+        job.state, job.reason, job.nodes = JobState.RUNNING, None, ("c1",)
+
+    def end(self, job_id: str, state: JobState = JobState.COMPLETED) -> None:
+        self.jobs[job_id].state = state
+
+    def doc(self) -> dict[str, Any]:
+        return self.store.snapshot().doc or {}
+
+
+def _record(job: FakeJob) -> SqueueRecord:
+    return SqueueRecord(
+        job_id=job.job_id, name=job.name, state=job.state, raw_state=job.state.value,
+        reason=job.reason, time_left_seconds=600.0, time_limit_seconds=600.0,
+        start_time=None, end_time=None, node_list=",".join(job.nodes) or None,
+        nodes=job.nodes, num_nodes=max(1, len(job.nodes)), tres_per_node=None,
+        partition="cpu", cpus=2, min_memory_bytes=None, elapsed_seconds=0.0,
+        comment=job.token,
+    )

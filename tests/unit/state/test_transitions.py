@@ -1,0 +1,215 @@
+"""The session document's transition table, and properties of random transition sequences.
+
+Random documents and random sequences of transitions, each decided on the current document
+or on a stale copy (as a process that read the document earlier would), applied through the
+in-memory store (the agent's patch code). Whatever happens: no record is lost, there are never
+two heads, no transition produces a state the table does not know, a closed session gets no
+new submission, every applied change follows an edge of the table, and every refusal says why.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dagster_slurm.state import MemoryStateStore, new_session_document
+from dagster_slurm.state import transitions as tr
+from dagster_slurm.state.schema import Allocation, SessionDocument
+
+JOB_IDS = ["11", "12", "13"]
+TOKENS = ["tok-a", "tok-b", "tok-c"]
+
+
+# -- the table --------------------------------------------------------------------------------
+def test_every_edge_is_unique_explained_and_has_its_transition_function() -> None:
+    seen: set[tuple[Any, str]] = set()
+    for edge in tr.TRANSITIONS:
+        assert (edge.source, edge.name) not in seen, edge
+        seen.add((edge.source, edge.name))
+        assert len(edge.why) > 20, edge
+        function = getattr(tr, edge.name, None)
+        if edge.name in ("head_submit_in_doubt",):
+            function = tr.head_submit_failed
+        assert callable(function), edge.name
+        assert "doc" in inspect.signature(function).parameters
+
+
+def test_every_state_but_absent_can_be_retired_and_absent_only_submits() -> None:
+    for state in tr.HeadState:
+        if state is tr.HeadState.ABSENT:
+            assert tr.allowed(state, "retire") is None
+            assert tr.allowed(state, "submit_head") is tr.HeadState.SUBMITTING
+        else:
+            assert tr.allowed(state, "retire") is tr.HeadState.ABSENT
+            assert tr.allowed(state, "submit_head") is None
+        assert tr.allowed(state, "beat") is state and tr.allowed(state, "close_session") is state
+
+
+def test_head_state_reads_each_record_shape() -> None:
+    def state(**record: Any) -> tr.HeadState:
+        doc = new_session_document("j")
+        doc["allocation"] = record
+        return tr.head_state(tr.document(doc))
+
+    assert tr.head_state(tr.document(new_session_document("j"))) is tr.HeadState.ABSENT
+    assert state(status="submitting", token="t") is tr.HeadState.SUBMITTING
+    assert state(status="submitted", job_id="1") is tr.HeadState.SUBMITTED
+    assert state(status="submitted", job_id="1", ready_at=1.0) is tr.HeadState.READY
+    assert state(status="submitted", job_id="1", ready_at=1.0,
+                 drain_requested_at=2.0) is tr.HeadState.DRAINING
+    assert state(status="failed") is tr.HeadState.FAILED
+    assert state(status="unknown") is tr.HeadState.IN_DOUBT
+    assert state(status="submitted") is tr.HeadState.UNRECOGNIZED  # no job id
+    assert state(status="running", job_id="1") is tr.HeadState.UNRECOGNIZED
+
+
+def test_refusals_say_which_transition_and_why() -> None:
+    closed = new_session_document("dsr-run")
+    closed["closed_at"], closed["closed_reason"] = 5.0, "the run is SUCCESS"
+    refused = tr.submit_head(tr.document(closed), token="t", config={})
+    assert isinstance(refused, tr.Refused)
+    assert "closed (the run is SUCCESS)" in refused.reason and "submit_head" in str(refused)
+    absent = tr.record_ready(tr.document(new_session_document("j")), job_id="1", nodes=[],
+                             ray_address=None)
+    assert isinstance(absent, tr.Refused) and "no longer the one with job_id '1'" in absent.reason
+
+
+# -- random documents and sequences -----------------------------------------------------------
+def _consistent(record: dict[str, Any]) -> bool:
+    """Records the library can write: ready and drain times only on a submitted job."""
+    submitted = record["status"] == "submitted" and record["job_id"] is not None
+    return submitted or (record.get("ready_at") is None
+                         and record.get("drain_requested_at") is None)
+
+
+def _record() -> st.SearchStrategy[dict[str, Any] | None]:
+    times = st.none() | st.floats(min_value=0, max_value=2e9, allow_nan=False)
+    return st.none() | st.fixed_dictionaries(
+        {
+            "status": st.sampled_from(["submitting", "submitted", "failed", "unknown", "running"]),
+            "token": st.sampled_from(TOKENS),
+            "job_id": st.none() | st.sampled_from(JOB_IDS),
+            "kind": st.just("head"),
+        },
+        optional={
+            "ready_at": times, "drain_requested_at": times, "submitted_at": times,
+            "error": st.text(max_size=5), "nodes": st.lists(st.sampled_from(["c1", "c2"])),
+            "from_a_newer_library": st.integers(),
+        },
+    ).filter(_consistent)
+
+
+@st.composite
+def documents(draw: st.DrawFn) -> dict[str, Any]:
+    doc = new_session_document("dsr-run", run_id="run")
+    doc["allocation"] = draw(_record())
+    if draw(st.integers(min_value=0, max_value=5)) == 0:
+        doc["closed_at"], doc["closed_reason"] = 10.0, "teardown"
+    return doc
+
+
+def _aimed(inputs: dict[str, Any], basis: SessionDocument | None) -> dict[str, Any]:
+    """Most operations aim at the head record as read (as the library's do); the rest keep
+    their random token or job id."""
+    record = basis.allocation if basis is not None else None
+    if record is None or not inputs.pop("aimed", False):
+        inputs.pop("aimed", None)
+        return inputs
+    for key in ("token", "job_id"):
+        if key in inputs and getattr(record, key) and not (
+                key == "job_id" and "token" in inputs):
+            inputs[key] = getattr(record, key)
+    if inputs.get("key") in ("token", "job_id") and getattr(record, inputs["key"]):
+        inputs["value"] = getattr(record, inputs["key"])
+    return inputs
+
+
+def _op() -> st.SearchStrategy[tuple[str, dict[str, Any], int]]:
+    job = st.sampled_from(JOB_IDS)
+    token = st.sampled_from(TOKENS)
+    stale = st.integers(min_value=0, max_value=3)  # decide on the document read k steps ago
+    aimed = st.integers(min_value=0, max_value=4).map(bool)  # aimed four times in five
+
+    def op(name: str, fields: dict[str, Any]) -> st.SearchStrategy[tuple[str, dict[str, Any], int]]:
+        return st.tuples(st.just(name), st.fixed_dictionaries({**fields, "aimed": aimed}), stale)
+
+    return st.one_of(
+        st.tuples(st.just("submit_head"), st.fixed_dictionaries({}), stale),
+        op("head_submitted", {"token": token, "job_id": job}),
+        op("head_submit_failed", {"token": token, "error": st.just("sbatch: error"),
+                                  "in_doubt": st.booleans()}),
+        op("settle_found", {"token": token, "job_id": job}),
+        op("record_ready", {"job_id": job, "nodes": st.just(["c1"]), "ray_address": st.just("h:1")}),
+        op("launch_step", {"job_id": job}),
+        op("request_drain", {"job_id": job}),
+        op("retire", {"key": st.just("job_id"), "value": job, "final_state": st.just("COMPLETED")}),
+        op("retire", {"key": st.just("token"), "value": token, "final_state": st.just("unknown")}),
+        op("beat", {"host": st.just("h"), "pid": st.just(1)}),
+        op("close_session", {"reason": st.just("teardown")}).filter(lambda o: o[2] == 0),
+    )
+
+
+def _name(record: dict[str, Any]) -> str:
+    return str(record.get("job_id") or record.get("token"))
+
+
+def _identity(record: dict[str, Any] | None) -> str | None:
+    return None if record is None else str(record.get("token"))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(initial=documents(), ops=st.lists(_op(), max_size=40))
+def test_random_sequences_keep_every_guarantee(initial: dict[str, Any],
+                                               ops: list[tuple[str, dict[str, Any], int]]) -> None:
+    clock = itertools.count(100)
+    store = MemoryStateStore(initial, clock=lambda: float(next(clock)))
+    store.transact([{"op": "replace", "path": "", "value": initial}])
+    fresh = (f"tok-new-{i}" for i in itertools.count())
+    history_of_reads = [store.snapshot().doc]
+    seen = {_identity(initial.get("allocation"))} - {None}
+    for name, inputs, stale in ops:
+        before = store.snapshot().doc
+        assert before is not None
+        read = history_of_reads[max(0, len(history_of_reads) - 1 - stale)]
+        basis = tr.document(read)
+        if name == "submit_head":
+            inputs = {"token": next(fresh), "config": {"num_nodes": 1}}
+        else:
+            inputs = _aimed(dict(inputs), basis)
+        decided = getattr(tr, name)(basis, **inputs)
+        if isinstance(decided, tr.Refused):
+            assert decided.transition in (name, "head_submit_in_doubt") and decided.reason
+            assert decided.transition in str(decided)
+            continue
+        assert decided.transition in (name, "head_submit_in_doubt")
+        result = store.transact(decided.patch)
+        after = store.snapshot().doc
+        assert after is not None
+        SessionDocument.from_dict(after)  # always a valid document of the schema
+        pre, post = tr.head_state(tr.document(before)), tr.head_state(tr.document(after))
+        if not result.ok:
+            assert after == before  # a failed guard changes nothing
+        else:
+            # every applied change is an edge of the table, from the state it met
+            assert tr.allowed(pre, decided.transition) == post, (pre, decided.transition, post)
+            if decided.transition == "retire":  # history holds the record exactly as it was
+                entry = dict(after["history"][_name(before["allocation"])])
+                assert entry.pop("final_state") == inputs["final_state"]
+                assert entry.pop("ended_at") is not None
+                assert Allocation.model_validate(entry) == Allocation.model_validate(
+                    before["allocation"])
+            if before.get("closed_at") is not None:
+                assert not (pre is tr.HeadState.ABSENT and post is tr.HeadState.SUBMITTING)
+        if post is tr.HeadState.UNRECOGNIZED:  # only ever one the initial document had
+            assert pre is tr.HeadState.UNRECOGNIZED
+        live = _identity(after.get("allocation"))
+        seen |= {live} - {None}
+        retired = [_identity(entry) for entry in (after.get("history") or {}).values()]
+        assert seen <= set(retired) | {live}, "a head record was lost"
+        assert live is None or live not in retired, "one record both live and retired"
+        assert len(retired) == len(set(retired)), "a record retired twice"
+        history_of_reads.append(after)
