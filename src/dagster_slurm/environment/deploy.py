@@ -38,6 +38,7 @@ from pathlib import Path
 from dagster_slurm.agent.client import AgentClient
 from dagster_slurm.agent.ops import tail_op
 from dagster_slurm.agent.results import TailRequest
+from dagster_slurm.backoff import PollBackoff
 from dagster_slurm.environment.builder import RemoteBuild
 from dagster_slurm.environment.config import EnvironmentConfig
 from dagster_slurm.environment.errors import EnvironmentSetupError
@@ -197,7 +198,8 @@ class _Preparer:
         store = LeaseFileStore(self.agent, layout.lease_document, layout.lease_lock)
         owner = lease.new_owner_id()
         started = self.clock()
-        interval = self.options.poll_interval
+        waiting = PollBackoff(initial=self.options.poll_interval, factor=1.5,
+                              maximum=max(self.options.poll_interval, self.options.max_poll_interval))
         next_report = started
         while True:
             grant = lease.acquire(store, _LEASE, owner, self.options.lease_ttl)
@@ -219,8 +221,8 @@ class _Preparer:
                     f"gave up after {waited:.0f} s waiting for another process to build "
                     f"{layout.env_dir} (lease {layout.lease_document})"
                 )
-            self.sleep(interval)
-            interval = min(interval * 1.5, self.options.max_poll_interval)
+            self.sleep(waiting.current)
+            waiting.observe(False)
             if self._ready(layout):
                 waited = self.clock() - started
                 self.log.info(

@@ -55,6 +55,15 @@ class SlurmSessionResource(ConfigurableResource):
         return run_session_for(self, context, self.run_allocation, self.launcher,
                                poll_interval=self.poll_interval)
 
+    def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
+        """The run's session in this process, as ``ComputeResource.get_run_allocation_session``
+        returns it: the object that carries the session's operations. With ``start`` the
+        allocation is submitted (or attached to) and made ready now."""
+        session = self.get_session(context)
+        if start:
+            session.ensure(getattr(context, "log", None))
+        return session
+
     def allocation(self, context: Any) -> SlurmAllocation:
         """The run's current allocation (submitted or attached to, and ready)."""
         return self.get_session(context).ensure(getattr(context, "log", None))

@@ -27,6 +27,7 @@ from typing import Literal
 
 import paramiko
 
+from dagster_slurm.backoff import PollBackoff
 from dagster_slurm.errors import CommandTimeout, HostKeyError, TransportError
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
 
@@ -179,6 +180,8 @@ class SSHTransport:
                 log.warning("SSH connection to %s was lost; reconnecting", self.target.label)
                 self._close_locked()
             last: Exception | None = None
+            backoff = PollBackoff(initial=max(self.options.reconnect_backoff, 1e-3), factor=2.0,
+                                  maximum=self.options.reconnect_backoff * 2 ** 16)
             for attempt in range(1, self.options.reconnect_attempts + 1):
                 try:
                     self._client, self._to_close = _connect(self.target, self.options)
@@ -191,7 +194,8 @@ class SSHTransport:
                 except TransportError as exc:
                     last = exc
                     if attempt < self.options.reconnect_attempts:
-                        delay = self.options.reconnect_backoff * 2 ** (attempt - 1)
+                        delay = backoff.current
+                        backoff.observe(False)
                         log.warning(
                             "%s (attempt %d/%d); retrying in %.1f s",
                             exc, attempt, self.options.reconnect_attempts, delay,

@@ -213,3 +213,18 @@ def test_resources_with_other_environments_get_separate_allocations() -> None:
 def test_resource_outside_a_run_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="context"):
         _resource().get_session(SimpleNamespace(run=None, run_id=None))
+
+
+def test_resource_and_compute_resource_expose_the_same_session_entry_point() -> None:
+    from dagster_slurm.compute.resource import ComputeResource
+
+    resource = _resource()
+    compute = ComputeResource(mode="slurm", slurm=_slurm(), allocation_scope="run")
+    try:
+        context = SimpleNamespace(run_id=RUN_ID)
+        session = resource.get_run_allocation_session(context, start=False)
+        assert session is resource.get_session(context)
+        other = compute.get_run_allocation_session(context, start=False)
+        assert type(session) is type(other)  # the object the session operations live on
+    finally:
+        sessions_of_run(RUN_ID)

@@ -213,3 +213,15 @@ def test_random_sequences_keep_every_guarantee(initial: dict[str, Any],
         assert live is None or live not in retired, "one record both live and retired"
         assert len(retired) == len(set(retired)), "a record retired twice"
         history_of_reads.append(after)
+
+
+def test_the_design_document_lists_every_edge() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "design.md").read_text()
+
+    def name(state: Any) -> str:
+        return state.value.upper() if isinstance(state, tr.HeadState) else "any (kept)"
+
+    for edge in tr.TRANSITIONS:
+        assert f"| {name(edge.source)} | `{edge.name}` | {name(edge.target)} | {edge.why} |" in text

@@ -1,0 +1,53 @@
+"""The one backoff every poll and retry loop of the library waits through.
+
+:class:`PollBackoff` is pure: it says how long to wait, the caller sleeps (through its own
+injected ``sleep``), so every schedule is unit-testable without waiting. A fixed interval is
+a backoff with ``initial == maximum``. It sits below every other module so that any layer,
+from the SSH transport to the run session, can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PollBackoff:
+    """Poll interval that grows while nothing changes and resets on a change.
+
+    ``initial`` is the first interval (seconds), multiplied by ``factor`` after every poll
+    that saw no change, up to ``maximum``. :meth:`observe` returns the interval to wait
+    before the next poll.
+    """
+
+    initial: float = 1.0
+    maximum: float = 15.0
+    factor: float = 1.5
+    _current: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial <= self.maximum:
+            raise ValueError(
+                f"poll intervals must satisfy 0 < initial <= maximum, got {self.initial}, {self.maximum}"
+            )
+        if self.factor < 1:
+            raise ValueError(f"backoff factor must be >= 1, got {self.factor}")
+        self._current = self.initial
+
+    def observe(self, changed: bool) -> float:
+        """Record whether the last poll saw a change; return the next wait in seconds."""
+        if changed:
+            self._current = self.initial
+        else:
+            self._current = min(self._current * self.factor, self.maximum)
+        return self._current
+
+    def cap(self, maximum: float) -> None:
+        """Lower the ceiling (e.g. below the scheduler's MinJobAge) without raising it."""
+        self.maximum = max(self.initial, min(self.maximum, maximum))
+        self._current = min(self._current, self.maximum)
+
+    @property
+    def current(self) -> float:
+        """The interval that :meth:`observe` last returned (``initial`` before any poll)."""
+        return self._current
