@@ -39,8 +39,14 @@ from typing import Any
 from dagster_slurm.agent import tail_op, txn_op, write_file_op
 from dagster_slurm.agent.exceptions import SubmissionInDoubt
 from dagster_slurm.agent.results import TailRequest
-from dagster_slurm.compute.errors import SlurmJobUnschedulable, SlurmSubmissionError
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
+from dagster_slurm.jobs.cancel import cancel_by_token
+from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionError
+from dagster_slurm.jobs.logs import ProgressLog as _Log
+from dagster_slurm.jobs.logs import notable_lines
+from dagster_slurm.jobs.paths import safe_name
+from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy, PendingTracker
+from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.script import render_template
 from dagster_slurm.resources.slurm import SlurmResource
@@ -108,9 +114,6 @@ class RunSession:
         poll_interval: float = 0.25,
         environment: Any = None,
     ) -> None:
-        from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
-        from dagster_slurm.compute.slurm_runner import PendingPolicy, _drain_signal
-
         self.slurm = slurm
         self.run_id = run_id
         self.config = config
@@ -126,7 +129,7 @@ class RunSession:
             self.job_name, f"{self.paths.session_dir}/submit/allocation.sh",
             output=self.paths.output, error=self.paths.output, chdir=self.paths.session_dir,
         )
-        self.drain_signal = _drain_signal(self.queue.signal_before_timeout) or "TERM"
+        self.drain_signal = drain_signal_of(self.queue.signal_before_timeout) or "TERM"
         self.interrupted = False
         self._allocation: SlurmAllocation | None = None
         self._lock = threading.RLock()
@@ -274,9 +277,7 @@ class RunSession:
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
         except BaseException:
-            from dagster_slurm.compute.slurm_runner import _cancel_by_token
-
-            _cancel_by_token(scheduler, self.job_name, token, _ContextShim(out))
+            cancel_by_token(scheduler, self.job_name, token, out)
             raise
         if job.recovered:
             return job.job_id, False
@@ -328,9 +329,8 @@ class RunSession:
             + (f", Ray at {allocation.ray_address}" if allocation.ray_address else "") + ")"
         )
         if mine:
-            for line in self._log_tail(job_id, 200).splitlines():
-                if line.startswith(("Ray head node web UI:", "To reach it from your machine:")):
-                    out.info(line)
+            for line in notable_lines(self._log_tail(job_id, 200)):
+                out.info(line)
             try:
                 self.store.transact([
                     {"op": "test", "path": "/allocation/job_id", "value": job_id},
@@ -380,7 +380,6 @@ class RunSession:
         """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every
         allocation the session has had; submits nothing."""
         from dagster_slurm.agent import remove_op
-        from dagster_slurm.compute.paths import safe_name
 
         doc = self.store.snapshot().doc or {}
         job_ids = {str(r.get("job_id")) for r in [doc.get("allocation") or {},
@@ -470,12 +469,10 @@ class _ReadyWatch:
     CHECK_INTERVAL = 2.0
 
     def __init__(self, session: RunSession, job_id: str, out: _Log) -> None:
-        from dagster_slurm.compute.slurm_runner import _PendingTracker
-
         self.session = session
         self.job_id = job_id
         self.out = out
-        self.tracker = _PendingTracker(job_id, session.pending, out.info)
+        self.tracker = PendingTracker(job_id, session.pending, out.info)
         self.running_since: float | None = None
         self.next_check = 0.0
         self.delay = 0.25
@@ -558,30 +555,3 @@ class _Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=10)
-
-
-class _Log:
-    """Progress lines to a Dagster logger (``context.log``) when given, else to ``logging``."""
-
-    def __init__(self, logger: Any) -> None:
-        self.logger = logger
-
-    def _emit(self, level: str, message: str) -> None:
-        getattr(self.logger if self.logger is not None else log, level)(message)
-
-    def info(self, message: str) -> None:
-        self._emit("info", message)
-
-    def warning(self, message: str) -> None:
-        self._emit("warning", message)
-
-    def error(self, message: str) -> None:
-        self._emit("error", message)
-
-
-class _ContextShim:
-    """What ``_cancel_by_token`` expects of a context: ``.log``."""
-
-    def __init__(self, out: _Log) -> None:
-        self.log = out
-
