@@ -13,6 +13,7 @@ from typing import Any
 
 from dagster_slurm.scheduler.client import SlurmScheduler
 
+#: The logger the user guide names for failed cancellations (docs/modes.md).
 log = logging.getLogger("dagster_slurm.compute")
 
 
