@@ -30,16 +30,16 @@ _EXPORTS: dict[str, str] = {
     "SlurmAllocationScope": "dagster_slurm.compute.resource",
     "BashLauncher": "dagster_slurm.launchers.bash",
     "ComputeLauncher": "dagster_slurm.launchers.base",
-    "SlurmJobError": "dagster_slurm.compute.errors",
-    "SlurmJobNonZeroExit": "dagster_slurm.compute.errors",
-    "SlurmJobTimeout": "dagster_slurm.compute.errors",
-    "SlurmJobOutOfMemory": "dagster_slurm.compute.errors",
-    "SlurmNodeFailure": "dagster_slurm.compute.errors",
-    "SlurmJobCancelled": "dagster_slurm.compute.errors",
-    "SlurmJobPreempted": "dagster_slurm.compute.errors",
-    "SlurmJobUnschedulable": "dagster_slurm.compute.errors",
-    "SlurmJobLost": "dagster_slurm.compute.errors",
-    "SlurmSubmissionError": "dagster_slurm.compute.errors",
+    "SlurmJobError": "dagster_slurm.jobs.errors",
+    "SlurmJobNonZeroExit": "dagster_slurm.jobs.errors",
+    "SlurmJobTimeout": "dagster_slurm.jobs.errors",
+    "SlurmJobOutOfMemory": "dagster_slurm.jobs.errors",
+    "SlurmNodeFailure": "dagster_slurm.jobs.errors",
+    "SlurmJobCancelled": "dagster_slurm.jobs.errors",
+    "SlurmJobPreempted": "dagster_slurm.jobs.errors",
+    "SlurmJobUnschedulable": "dagster_slurm.jobs.errors",
+    "SlurmJobLost": "dagster_slurm.jobs.errors",
+    "SlurmSubmissionError": "dagster_slurm.jobs.errors",
     "RayLauncher": "dagster_slurm.launchers.ray",
     "RayPortConfig": "dagster_slurm.launchers.ray_ports",
     "SlurmRunAllocationConfig": "dagster_slurm.session.config",
@@ -98,18 +98,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dagster_slurm.compute.errors import (
-        SlurmJobCancelled,
-        SlurmJobError,
-        SlurmJobLost,
-        SlurmJobNonZeroExit,
-        SlurmJobOutOfMemory,
-        SlurmJobPreempted,
-        SlurmJobTimeout,
-        SlurmJobUnschedulable,
-        SlurmNodeFailure,
-        SlurmSubmissionError,
-    )
     from dagster_slurm.compute.resource import (
         ComputeResource,
         SlurmAllocationScope,
@@ -123,6 +111,18 @@ if TYPE_CHECKING:
         LockTimeout,
         SchedulerError,
         TransportError,
+    )
+    from dagster_slurm.jobs.errors import (
+        SlurmJobCancelled,
+        SlurmJobError,
+        SlurmJobLost,
+        SlurmJobNonZeroExit,
+        SlurmJobOutOfMemory,
+        SlurmJobPreempted,
+        SlurmJobTimeout,
+        SlurmJobUnschedulable,
+        SlurmNodeFailure,
+        SlurmSubmissionError,
     )
     from dagster_slurm.launchers.base import ComputeLauncher
     from dagster_slurm.launchers.bash import BashLauncher

@@ -6,10 +6,25 @@ caller can catch the library's failures without catching programming errors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from dagster_slurm.transport.base import CommandResult
+
+class CommandOutput(Protocol):
+    """What :class:`CommandFailed` reads of a finished command: a
+    :class:`~dagster_slurm.transport.base.CommandResult` (named here by its shape, so that
+    this lowest module imports nothing of the library)."""
+
+    @property
+    def command(self) -> str: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    @property
+    def stdout(self) -> str: ...
+
+    @property
+    def stderr(self) -> str: ...
 
 
 class DagsterSlurmError(Exception):
@@ -44,7 +59,7 @@ class CommandTimeout(TransportError):
 class CommandFailed(DagsterSlurmError):
     """A command ran but exited non-zero; carries the full :class:`CommandResult`."""
 
-    def __init__(self, result: CommandResult, what: str | None = None) -> None:
+    def __init__(self, result: CommandOutput, what: str | None = None) -> None:
         self.result = result
         head = what or f"command {result.command!r}"
         tail = (result.stderr or result.stdout).strip()[-2000:]

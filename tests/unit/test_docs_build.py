@@ -154,11 +154,11 @@ def _page(name: str) -> str:
 
 def test_modes_page_names_every_error_key_and_reason() -> None:
     """The modes page lists what the code defines; a new error, key or reason needs a line."""
-    from dagster_slurm.compute import errors
     from dagster_slurm.compute.metrics import METADATA_KEYS
     from dagster_slurm.compute.options import OPTION_FIELDS
     from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
     from dagster_slurm.errors import DagsterSlurmError
+    from dagster_slurm.jobs import errors
 
     page = _page("modes.md")
     error_classes = [

@@ -14,20 +14,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from dagster import PipesClientCompletedInvocation, open_pipes_session
+from dagster import PipesClientCompletedInvocation
 
-from dagster_slurm.compute.errors import JobOutcome
-from dagster_slurm.compute.metrics import from_local
-from dagster_slurm.compute.outcome import outcome_error
-from dagster_slurm.compute.paths import InvocationPaths, step_identity
-from dagster_slurm.compute.slurm_runner import notable_stdout_sink
-from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
+from dagster_slurm.jobs.errors import JobOutcome
+from dagster_slurm.jobs.logs import notable_stdout_sink
+from dagster_slurm.jobs.metrics import from_local
+from dagster_slurm.jobs.outcome import outcome_error
+from dagster_slurm.jobs.paths import InvocationPaths, step_identity
+from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
+from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import LocalFileSource
+from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.slurm.states import JobState
 
 
@@ -38,55 +40,116 @@ def default_local_base() -> str:
     )
 
 
-class LocalRunner:
-    """Runs one payload as a local subprocess through Dagster Pipes."""
+@dataclass
+class LocalJob(PreparedJob):
+    """One local invocation: its files (under the local base) and its payload."""
 
-    def __init__(self, base: str | None = None, *, poll_interval: float = 0.1, kill_grace: float = 10.0) -> None:
+    paths: InvocationPaths
+    payload: PayloadSpec
+
+
+@dataclass(frozen=True)
+class LocalProcess:
+    """The started job script: the process and when it started (``time.monotonic``)."""
+
+    proc: subprocess.Popen
+    started: float
+
+
+@dataclass(frozen=True)
+class LocalExit:
+    """How the job script ended: exit ``code`` (128+N for signal N), wall ``elapsed`` and
+    ``cpu`` seconds, peak ``rss`` (KiB, as ``wait4`` reports it) and the process ``pid``."""
+
+    code: int
+    elapsed: float
+    cpu: float
+    rss: int
+    pid: int
+
+
+class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
+    """Runs one payload as a local subprocess through Dagster Pipes.
+
+    ``base``: directory of the invocation files (None: :func:`default_local_base`);
+    ``activation``: a script sourced before the payload (None: none); ``kill_grace``:
+    seconds between TERM and KILL when the step is interrupted.
+    """
+
+    #: First and longest pause between two checks whether the job script has exited.
+    EXIT_POLL_INITIAL = 0.02
+    EXIT_POLL_MAXIMUM = 0.1
+
+    def __init__(self, base: str | None = None, *, poll_interval: float = 0.1, kill_grace: float = 10.0,
+                 activation: str | None = None) -> None:
         self.base = base or default_local_base()
         self.poll_interval = poll_interval
         self.kill_grace = kill_grace
+        self.activation = activation
 
-    def run(
-        self,
-        *,
-        context: Any,
-        payload_path: str,
-        launcher: ComputeLauncher,
-        extra_env: Mapping[str, str],
-        extras: Mapping[str, Any] | None,
-        activation: str | None,
-        defer_cleanup: bool,
-    ) -> PipesClientCompletedInvocation:
+    def _prepare(self, context: Any, request: JobRequest) -> LocalJob:
         run_id, step_key = step_identity(context)
         paths = InvocationPaths.create(self.base, run_id, step_key)
         os.makedirs(paths.job_dir, exist_ok=True)
-        payload = payload_argv(payload_path, job_dir=paths.job_dir, python=sys.executable)
+        payload = payload_argv(request.payload_path, job_dir=paths.job_dir, python=sys.executable)
         if payload.needs_upload:
             assert payload.upload_from is not None and payload.upload_name is not None
             with open(payload.upload_from, "rb") as src, open(paths.upload_target(payload.upload_name), "wb") as dst:
                 dst.write(src.read())
-        injector = PipesDeferredFileContextInjector(paths.context)
         reader = PipesTailMessageReader(
             LocalFileSource(), paths.messages, paths.stdout, paths.stderr,
-            poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context),
+            poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context.log),
         )
-        with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as session:
-            with open(paths.context, "wb") as handle:
-                handle.write(injector.payload)
-            plan = ExecutionPlan(
-                payload=payload.argv, job_dir=paths.job_dir, status_file=paths.status,
-                drain_file=paths.drain, mode="local", pid_file=paths.pid,
-                env={**_current_environment_path(), **session.get_bootstrap_env_vars(), **extra_env},
-                activation=activation,
+        return LocalJob(context, request, PipesDeferredFileContextInjector(paths.context), reader,
+                        paths, payload)
+
+    def _start(self, job: LocalJob, pipes: Any) -> LocalProcess:
+        paths = job.paths
+        with open(paths.context, "wb") as handle:
+            handle.write(job.injector.payload)
+        plan = ExecutionPlan(
+            payload=job.payload.argv, job_dir=paths.job_dir, status_file=paths.status,
+            drain_file=paths.drain, mode="local", pid_file=paths.pid,
+            env={**_current_environment_path(), **pipes.get_bootstrap_env_vars(), **job.request.extra_env},
+            activation=self.activation,
+        )
+        with open(paths.script, "w") as handle:
+            handle.write(job.request.launcher.render(plan))
+        started = time.monotonic()
+        with open(paths.stdout, "wb") as out, open(paths.stderr, "wb") as err:
+            proc = subprocess.Popen(
+                ["bash", paths.script], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                cwd=paths.job_dir, start_new_session=True,
             )
-            with open(paths.script, "w") as handle:
-                handle.write(launcher.render(plan))
-            code, elapsed, cpu, rss, pid = self._execute(paths, context)
-        job_id = f"local-{pid}"
+        job.context.log.info(f"Started local payload process {proc.pid} in {paths.job_dir}")
+        return LocalProcess(proc, started)
+
+    def _wait(self, job: LocalJob, handle: LocalProcess) -> LocalExit:
+        proc = handle.proc
+        backoff = PollBackoff(initial=self.EXIT_POLL_INITIAL, maximum=self.EXIT_POLL_MAXIMUM)
+        delay = backoff.current
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(delay)
+            delay = backoff.observe(False)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return LocalExit(code, time.monotonic() - handle.started, usage.ru_utime + usage.ru_stime,
+                         usage.ru_maxrss, proc.pid)
+
+    def _terminate(self, job: LocalJob, handle: LocalProcess, error: BaseException) -> None:
+        _terminate_group(handle.proc, self.kill_grace, job.paths.pid)
+
+    def _outcome(self, job: LocalJob, handle: LocalProcess, result: LocalExit,
+                 pipes: Any) -> PipesClientCompletedInvocation:
+        paths, code = job.paths, result.code
+        job_id = f"local-{result.pid}"
         state = JobState.COMPLETED if code == 0 else JobState.FAILED
-        outcome = JobOutcome(job_id, state.value, code, reader.stdout_tail(), reader.stderr_tail())
+        outcome = JobOutcome(job_id, state.value, code, job.reader.stdout_tail(), job.reader.stderr_tail())
         error = outcome_error(state, outcome)
-        if not defer_cleanup and error is None:
+        if not job.request.defer_cleanup and error is None:
             _remove_tree(paths.job_dir)
             for parent in (paths.step_dir, paths.run_dir):
                 try:
@@ -95,29 +158,8 @@ class LocalRunner:
                     break
         if error is not None:
             raise error
-        metrics = from_local(job_id, code, elapsed, cpu, rss)
-        return PipesClientCompletedInvocation(session, metadata=metrics.as_metadata())
-
-    def _execute(self, paths: InvocationPaths, context: Any) -> tuple[int, float, float, int, int]:
-        start = time.monotonic()
-        with open(paths.stdout, "wb") as out, open(paths.stderr, "wb") as err:
-            proc = subprocess.Popen(
-                ["bash", paths.script], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                cwd=paths.job_dir, start_new_session=True,
-            )
-        context.log.info(f"Started local payload process {proc.pid} in {paths.job_dir}")
-        try:
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                time.sleep(0.02)
-        except BaseException:
-            _terminate_group(proc, self.kill_grace, paths.pid)
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        return code, time.monotonic() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, proc.pid
+        metrics = from_local(job_id, code, result.elapsed, result.cpu, result.rss)
+        return PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
 
 
 def _current_environment_path() -> dict[str, str]:

@@ -1,7 +1,10 @@
 """``ComputeResource``: run an asset's payload locally or on Slurm, through Dagster Pipes.
 
-Configuration only; the work is done by :class:`~dagster_slurm.compute.local_runner.LocalRunner`
-and :class:`~dagster_slurm.compute.slurm_runner.SlurmRunner`. Every argument of
+Configuration, validation and dispatch only; the work is done by one of the runners, which
+share the template :class:`~dagster_slurm.jobs.runner.PipesJobRunner`:
+:class:`~dagster_slurm.compute.local_runner.LocalRunner`,
+:class:`~dagster_slurm.compute.slurm_runner.SlurmRunner` (asset scope) and
+:class:`~dagster_slurm.session.runner.SessionRunner` (run scope). Every argument of
 :meth:`ComputeResource.run` is checked before anything is submitted or started.
 """
 
@@ -10,21 +13,22 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
 from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.compute.options import sbatch_overrides
-from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.activation import activation_for
+from dagster_slurm.jobs.paths import InvocationPaths, step_identity
+from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
+from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.config import SlurmRunAllocationConfig
-
-if TYPE_CHECKING:
-    from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.session import RunSession
 
 
 class SlurmAllocationScope(str, Enum):
@@ -144,8 +148,9 @@ class ComputeResource(ConfigurableResource):
         ``time_limit``, ``partition``, ...; checked in both modes, used in slurm mode).
         ``defer_cleanup``: keep the invocation's files until
         :meth:`cleanup_deferred_run_dir`. Raises a
-        :class:`~dagster_slurm.compute.errors.SlurmJobError` subclass when the job fails.
+        :class:`~dagster_slurm.jobs.errors.SlurmJobError` subclass when the job fails.
         """
+        # -- validation: every argument, before anything is submitted or started --------
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
@@ -153,46 +158,56 @@ class ComputeResource(ConfigurableResource):
         overrides = sbatch_overrides(extra_slurm_opts)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        session = self._check_scope(context, launcher, overrides, extra_slurm_opts)
+        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
+        # -- dispatch ------------------------------------------------------------------------
+        return self._runner(session).run(context, request)
+
+    def _check_scope(self, context: Any, launcher: ComputeLauncher, overrides: Mapping[str, Any],
+                     extra_slurm_opts: Mapping[str, Any] | None) -> RunSession | None:
+        """Check the per-step scheduler overrides against the queue (and, in run scope,
+        against the run allocation's shape); the same checks in local mode, so an asset
+        that passes locally submits. Returns the run's session in slurm mode with run scope
+        (created, not started), else None."""
         run_scope = self.allocation_scope is SlurmAllocationScope.RUN
-        if self.mode == "local":
-            from dagster_slurm.compute.local_runner import LocalRunner
-            from dagster_slurm.slurm.queue import SlurmQueueConfig
-
-            # The same checks as in slurm mode, so an asset that passes locally submits.
-            queue = self.slurm.queue if self.slurm is not None else SlurmQueueConfig()
-            queue.to_sbatch_spec("local-check", "/dev/null", **overrides)
-            if run_scope:
-                from dagster_slurm.session.config import check_shape
-
-                check_shape(self.run_allocation or SlurmRunAllocationConfig(), queue, overrides,
-                            extra_slurm_opts)
-
-            return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1)).run(
-                context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
-                extras=extras, activation=None, defer_cleanup=defer_cleanup,
-            )
-        from dagster_slurm.compute.slurm_runner import PendingPolicy, SlurmRunner
-
-        assert self.slurm is not None
-        if run_scope:
-            from dagster_slurm.session.runner import SessionRunner, check_step
+        if self.mode == "slurm" and run_scope:
+            from dagster_slurm.session.runner import check_step
 
             session = self.get_run_allocation_session(context, start=False)
             check_step(session, launcher, overrides, extra_slurm_opts)
-            return SessionRunner(session, poll_interval=self.pipes_poll_interval).run(
-                context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
-                extras=extras, defer_cleanup=defer_cleanup,
-            )
-        runner = SlurmRunner(
-            self.slurm,
-            PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval, self.pending_grace_seconds),
-            self._prepare_environment,
-            poll_interval=self.pipes_poll_interval,
-        )
-        return runner.run(
-            context=context, payload_path=payload_path, launcher=launcher, extra_env=env,
-            extras=extras, overrides=overrides, defer_cleanup=defer_cleanup,
-        )
+            return session
+        if self.mode == "slurm":
+            return None  # SlurmRunner builds (and so checks) the job's sbatch spec first
+        from dagster_slurm.slurm.queue import SlurmQueueConfig
+
+        queue = self.slurm.queue if self.slurm is not None else SlurmQueueConfig()
+        queue.to_sbatch_spec("local-check", "/dev/null", **overrides)
+        if run_scope:
+            from dagster_slurm.session.config import check_shape
+
+            check_shape(self.run_allocation or SlurmRunAllocationConfig(), queue, overrides,
+                        extra_slurm_opts)
+        return None
+
+    def _runner(self, session: RunSession | None) -> PipesJobRunner:
+        """The runner for this mode and scope (``session``: the run's, in run scope)."""
+        if self.mode == "local":
+            from dagster_slurm.compute.local_runner import LocalRunner
+
+            return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1))
+        if session is not None:
+            from dagster_slurm.session.runner import SessionRunner
+
+            return SessionRunner(session, poll_interval=self.pipes_poll_interval)
+        from dagster_slurm.compute.slurm_runner import SlurmRunner
+
+        assert self.slurm is not None
+        return SlurmRunner(self.slurm, self._pending_policy(), self._prepare_environment,
+                           poll_interval=self.pipes_poll_interval)
+
+    def _pending_policy(self) -> PendingPolicy:
+        return PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
+                             self.pending_grace_seconds)
 
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
         """The run's allocation session in this process (slurm mode, ``allocation_scope='run'``).
@@ -207,13 +222,11 @@ class ComputeResource(ConfigurableResource):
                 "allocation_scope", self.allocation_scope.value,
                 "a run allocation session exists only with mode='slurm' and allocation_scope='run'",
             )
-        from dagster_slurm.compute.slurm_runner import PendingPolicy
         from dagster_slurm.session.lifecycle import run_session_for
 
         session = run_session_for(
             self, context, self.run_allocation or SlurmRunAllocationConfig(), self.default_launcher,
-            pending=PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
-                                  self.pending_grace_seconds),
+            pending=self._pending_policy(),
             poll_interval=self.pipes_poll_interval,
         )
         if start:
@@ -222,7 +235,6 @@ class ComputeResource(ConfigurableResource):
 
     def cleanup_deferred_run_dir(self, context: Any) -> None:
         """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step."""
-        from dagster_slurm.compute.paths import InvocationPaths, step_identity
 
         run_id, step_key = step_identity(context)
         if self.mode == "slurm" and self.allocation_scope is SlurmAllocationScope.RUN:
@@ -261,6 +273,5 @@ class ComputeResource(ConfigurableResource):
     def _prepare_environment(self, context: Any) -> str | None:
         """The activation script on the cluster; prepared once per process and settings
         (:func:`dagster_slurm.environment.prepare_environment` caches it)."""
-        from dagster_slurm.compute.environment import activation_for
 
         return activation_for(self, context)

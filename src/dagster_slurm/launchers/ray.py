@@ -78,6 +78,24 @@ TEMP_DIR_MAX = UNIX_SOCKET_PATH_MAX - RAY_SOCKET_SUFFIX
 MIN_OBJECT_STORE_MEMORY = 78_643_200
 """Smallest object store Ray accepts (75 MiB)."""
 
+RAY_DASHBOARD_PREFIX = "Ray head node web UI:"
+"""Start of the job script's stdout line with the Ray dashboard's URL."""
+
+RAY_TUNNEL_PREFIX = "To reach it from your machine:"
+"""Start of the job script's stdout line with the ``ssh -L`` command that reaches the
+dashboard from outside the cluster (slurm mode only)."""
+
+RAY_NOTABLE_PREFIXES = (RAY_DASHBOARD_PREFIX, RAY_TUNNEL_PREFIX)
+"""Starts of the launcher's stdout lines that also belong in the Dagster log. The only
+definition of these lines: the script prints them from :data:`RAY_DASHBOARD_FORMAT` and
+:data:`RAY_TUNNEL_FORMAT`, and :mod:`dagster_slurm.jobs.logs` picks them out of the output."""
+
+RAY_DASHBOARD_FORMAT = RAY_DASHBOARD_PREFIX + " http://%s:%s\\n"
+"""``printf`` format of the dashboard line (arguments: head address, dashboard port)."""
+
+RAY_TUNNEL_FORMAT = RAY_TUNNEL_PREFIX + " ssh -L 8265:%s:%s <login-host>, then open %s\\n"
+"""``printf`` format of the tunnel line (arguments: head address, dashboard port, local URL)."""
+
 SCRIPT_PORT_ORDER: tuple[str, ...] = (*PORT_OFFSETS, "min_worker")
 """Order of the offsets handed to the script (``__ds_ray_port`` in ``ray_ports.sh``)."""
 
@@ -332,6 +350,8 @@ class RayLauncher(ComputeLauncher):
                 "head_node_address": self.head_node_address or "",
                 "working_dir": self.working_dir or "",
                 "failed_status": str(RAY_START_FAILED_STATUS),
+                "dashboard_line": RAY_DASHBOARD_FORMAT,
+                "tunnel_line": RAY_TUNNEL_FORMAT,
             },
             {
                 "prologue": render_prologue(plan, launcher="ray"),

@@ -21,8 +21,8 @@ from typing import Any
 
 from dagster_slurm.agent import exec_op, tail_op, txn_op, write_file_op
 from dagster_slurm.agent.results import TailRequest
-from dagster_slurm.compute.paths import InvocationPaths, safe_name
 from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.jobs.paths import InvocationPaths, safe_name
 from dagster_slurm.scheduler.client import SlurmScheduler, parse_exit_code
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import (

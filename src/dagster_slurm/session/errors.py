@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_slurm.compute.errors import JobOutcome, SlurmJobError
 from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.jobs.errors import JobOutcome, SlurmJobError
 
 #: ``allocation_state`` of a step whose allocation was replaced before the step started.
 REPLACED = "REPLACED"

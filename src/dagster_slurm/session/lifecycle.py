@@ -49,8 +49,8 @@ def run_session_for(
     """This process's session of the context's run for ``owner``'s settings (a resource with
     ``slurm``, ``pre_deployed_env_path``, ``env_packages`` and ``auto_detect_platform``),
     created on first use; nothing is submitted here. The environment is prepared on the
-    session's first need (:func:`~dagster_slurm.compute.environment.activation_for`)."""
-    from dagster_slurm.compute.environment import activation_for
+    session's first need (:func:`~dagster_slurm.jobs.activation.activation_for`)."""
+    from dagster_slurm.jobs.activation import activation_for
 
     run_id = run_id_of(context)
     if run_id is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster_slurm.compute.paths import InvocationPaths, safe_name
+from dagster_slurm.jobs.paths import InvocationPaths, safe_name
 
 SESSIONS_DIR = "sessions"
 

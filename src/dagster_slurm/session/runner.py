@@ -12,16 +12,20 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from dagster import PipesClientCompletedInvocation, open_pipes_session
+from dagster import PipesClientCompletedInvocation
 
-from dagster_slurm.compute.paths import step_identity
-from dagster_slurm.compute.slurm_runner import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.errors import ConfigurationError
-from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, payload_argv
+from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
+from dagster_slurm.jobs.paths import InvocationPaths, step_identity
+from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
+from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.scheduler.pacing import PollBackoff
+from dagster_slurm.session.allocation import SlurmAllocation, StepHandle
 from dagster_slurm.session.config import refuse_mismatches
 from dagster_slurm.session.errors import (
     SlurmAllocationEnded,
@@ -30,6 +34,9 @@ from dagster_slurm.session.errors import (
     SlurmStepFailed,
 )
 from dagster_slurm.session.session import RunSession
+
+#: Seconds between two reads of a step's accounting while its line is not final yet.
+STEP_METRICS_RETRY = 0.5
 
 
 def check_step(session: RunSession, launcher: ComputeLauncher, overrides: Mapping[str, Any],
@@ -69,58 +76,73 @@ def step_launcher(launcher: ComputeLauncher) -> ComputeLauncher:
     return launcher
 
 
-class SessionRunner:
+@dataclass
+class SessionStep(PreparedJob):
+    """One run-scope invocation: its step key, the allocation it runs in, its files (inside
+    the allocation's directory), payload, activation script (None: none) and agent."""
+
+    step_key: str
+    allocation: SlurmAllocation
+    paths: InvocationPaths
+    payload: PayloadSpec
+    activation: str | None
+    agent: Any
+
+
+class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionResult]):
     """Runs one payload as a job step of the run's allocation through Dagster Pipes."""
 
     def __init__(self, session: RunSession, *, poll_interval: float = 0.25) -> None:
         self.session = session
         self.poll_interval = poll_interval
 
-    def run(
-        self,
-        *,
-        context: Any,
-        payload_path: str,
-        launcher: ComputeLauncher,
-        extra_env: Mapping[str, str],
-        extras: Mapping[str, Any] | None,
-        defer_cleanup: bool,
-    ) -> PipesClientCompletedInvocation:
+    def _prepare(self, context: Any, request: JobRequest) -> SessionStep:
         session = self.session
         _run_id, step_key = step_identity(context)
         allocation = session.ensure(context.log)
         paths = allocation.invocation(step_key)
-        payload = payload_argv(payload_path, job_dir=paths.job_dir)
+        payload = payload_argv(request.payload_path, job_dir=paths.job_dir)
         activation = session.activation()
         agent = session.slurm.agent()
-        injector = PipesDeferredFileContextInjector(paths.context)
         reader = tail_reader(agent, paths, context, self.poll_interval)
         _publish_tags(context, allocation.job_id)
-        with open_pipes_session(context, injector, reader, extras=dict(extras or {})) as pipes:
-            env = {**pipes.get_bootstrap_env_vars(), **extra_env}
-            if allocation.ray_address:
-                env["RAY_ADDRESS"] = allocation.ray_address
-            plan = ExecutionPlan(
-                payload=payload.argv, job_dir=paths.job_dir, status_file=paths.status,
-                drain_file=paths.drain, mode="slurm", env=env, activation=activation,
-                drain_signal=allocation.drain_signal,
-            )
-            handle = allocation.launch(paths, step_launcher(launcher).render(plan), name=step_key,
-                                       files=invocation_files(paths, payload, injector))
-            reader.wake()
-            context.log.info(
-                f"Step {handle.name} requested in run allocation {allocation.job_id}; files in "
-                f"{paths.job_dir}"
-            )
-            try:
-                result = allocation.wait(handle)
-            except SlurmAllocationEnded as ended:
-                session.forget(allocation, ended.result.allocation_state)
-                raise
-            except BaseException as exc:
-                if not isinstance(exc, Exception):  # run termination, KeyboardInterrupt
-                    session.interrupted = True
-                raise
+        return SessionStep(context, request, PipesDeferredFileContextInjector(paths.context), reader,
+                           step_key, allocation, paths, payload, activation, agent)
+
+    def _start(self, job: SessionStep, pipes: Any) -> StepHandle:
+        allocation, paths = job.allocation, job.paths
+        env = {**pipes.get_bootstrap_env_vars(), **job.request.extra_env}
+        if allocation.ray_address:
+            env["RAY_ADDRESS"] = allocation.ray_address
+        plan = ExecutionPlan(
+            payload=job.payload.argv, job_dir=paths.job_dir, status_file=paths.status,
+            drain_file=paths.drain, mode="slurm", env=env, activation=job.activation,
+            drain_signal=allocation.drain_signal,
+        )
+        handle = allocation.launch(paths, step_launcher(job.request.launcher).render(plan), name=job.step_key,
+                                   files=invocation_files(paths, job.payload, job.injector))
+        job.reader.wake()
+        job.context.log.info(
+            f"Step {handle.name} requested in run allocation {allocation.job_id}; files in "
+            f"{paths.job_dir}"
+        )
+        return handle
+
+    def _wait(self, job: SessionStep, handle: StepHandle) -> SlurmStepExecutionResult:
+        # SlurmAllocation.wait cancels the step itself on any error but SlurmAllocationEnded
+        # (the same guarantee serves execute_in_session); _terminate does the session's part.
+        return job.allocation.wait(handle)
+
+    def _terminate(self, job: SessionStep, handle: StepHandle, error: BaseException) -> None:
+        if isinstance(error, SlurmAllocationEnded):
+            # The allocation ended under the step: the next step gets a new one.
+            self.session.forget(job.allocation, error.result.allocation_state)
+        elif not isinstance(error, Exception):  # run termination, KeyboardInterrupt
+            self.session.interrupted = True
+
+    def _outcome(self, job: SessionStep, handle: StepHandle, result: SlurmStepExecutionResult,
+                 pipes: Any) -> PipesClientCompletedInvocation:
+        allocation, paths, reader = job.allocation, job.paths, job.reader
         result = SlurmStepExecutionResult(
             result.job_id, result.step_name, result.exit_code, result.drained,
             result.drain_signal, result.allocation_state, reader.stdout_tail(), reader.stderr_tail(),
@@ -131,24 +153,25 @@ class SessionRunner:
             raise SlurmStepDrained(result, invocation)
         if result.exit_code != 0:
             raise SlurmStepFailed(result, f"files kept in {paths.job_dir}")
-        if not defer_cleanup:
-            with agent.batch() as batch:
+        if not job.request.defer_cleanup:
+            with job.agent.batch() as batch:
                 remove_invocation(batch, paths)
-        context.log.info(f"Step {handle.name} completed in run allocation {allocation.job_id}")
+        job.context.log.info(f"Step {handle.name} completed in run allocation {allocation.job_id}")
         return invocation
 
 
 def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: int = 3) -> Any:
     """The step's figures from accounting: one round trip reads the recorded step id and
-    the allocation's sacct lines; repeated (0.5 s apart, at most ``attempts`` times) while
-    the step's line is not final yet. Best effort: figures stay null when accounting has
-    nothing, and no error is raised."""
+    the allocation's sacct lines; repeated (:data:`STEP_METRICS_RETRY` seconds apart, paced
+    by a :class:`PollBackoff`; at most ``attempts`` times) while the step's line is not final yet. Best effort:
+    figures stay null when accounting has nothing, and no error is raised."""
     from dagster_slurm.agent import tail_op
     from dagster_slurm.agent.results import TailRequest
-    from dagster_slurm.compute.metrics import from_step
+    from dagster_slurm.jobs.metrics import from_step
 
     scheduler = allocation.scheduler
     step_id, step = None, None
+    backoff = PollBackoff(initial=STEP_METRICS_RETRY, maximum=STEP_METRICS_RETRY)
     for attempt in range(attempts):
         try:
             with scheduler.agent.batch() as batch:
@@ -165,7 +188,7 @@ def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: 
         if step is not None and step.state.terminal:
             break
         if attempt + 1 < attempts:
-            time.sleep(0.5)
+            time.sleep(backoff.observe(False))
     return from_step(allocation.job_id, step, step_id, exit_code, allocation.head)
 
 

@@ -37,8 +37,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
-from dagster_slurm.compute.errors import SlurmJobUnschedulable, SlurmSubmissionError
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
+from dagster_slurm.jobs.cancel import cancel_by_token
+from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionError
+from dagster_slurm.jobs.logs import ProgressLog as _Log
+from dagster_slurm.jobs.logs import notable_lines
+from dagster_slurm.jobs.paths import safe_name
+from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy, PendingTracker
+from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.script import render_template
 from dagster_slurm.resources.slurm import SlurmResource
@@ -117,9 +123,6 @@ class RunSession:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
-        from dagster_slurm.compute.slurm_runner import PendingPolicy, _drain_signal
-
         self.slurm = slurm
         self.run_id = run_id
         self.config = config
@@ -135,7 +138,7 @@ class RunSession:
             self.job_name, f"{self.paths.session_dir}/submit/allocation.sh",
             output=self.paths.output, error=self.paths.output, chdir=self.paths.session_dir,
         )
-        self.drain_signal = _drain_signal(self.queue.signal_before_timeout) or "TERM"
+        self.drain_signal = drain_signal_of(self.queue.signal_before_timeout) or "TERM"
         self.interrupted = False
         self.io: SessionIO = io or AgentSessionIO(slurm, self.paths, self.initial_document())
         self.clock = clock
@@ -305,11 +308,9 @@ class RunSession:
 
     def _cancel_by_token(self, token: str, out: _Log) -> None:
         """An interrupted submission: cancel the job carrying ``token``, if it exists."""
-        from dagster_slurm.compute.slurm_runner import _cancel_by_token
-
         scheduler = self.io.scheduler
         if scheduler is not None:
-            _cancel_by_token(scheduler, self.job_name, token, _ContextShim(out))
+            cancel_by_token(scheduler, self.job_name, token, out)
 
     def _await_ready(self, job_id: str, out: _Log, mine: bool) -> SlurmAllocation | None:
         """Wait until allocation ``job_id`` accepts steps. None: it had ended after serving
@@ -351,9 +352,8 @@ class RunSession:
             + (f", Ray at {allocation.ray_address}" if allocation.ray_address else "") + ")"
         )
         if mine:
-            for line in self._log_tail(job_id, 200).splitlines():
-                if line.startswith(("Ray head node web UI:", "To reach it from your machine:")):
-                    out.info(line)
+            for line in notable_lines(self._log_tail(job_id, 200)):
+                out.info(line)
             change = tr.record_ready(None, job_id=job_id, nodes=nodes,
                                      ray_address=allocation.ray_address)
             try:
@@ -395,7 +395,6 @@ class RunSession:
         """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every
         allocation the session has had; submits nothing."""
         from dagster_slurm.agent import remove_op
-        from dagster_slurm.compute.paths import safe_name
 
         doc = self.io.read().doc
         records = [] if doc is None else [doc.allocation, *doc.history.values()]
@@ -473,12 +472,10 @@ class _ReadyWatch:
     CHECK_INTERVAL = 2.0
 
     def __init__(self, session: RunSession, job_id: str, out: _Log) -> None:
-        from dagster_slurm.compute.slurm_runner import _PendingTracker
-
         self.session = session
         self.job_id = job_id
         self.out = out
-        self.tracker = _PendingTracker(job_id, session.pending, out.info)
+        self.tracker = PendingTracker(job_id, session.pending, out.info)
         self.running_since: float | None = None
         self.next_check = 0.0
         self.backoff = PollBackoff(initial=0.25, maximum=5.0, factor=1.5)
@@ -557,30 +554,3 @@ class _Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=10)
-
-
-class _Log:
-    """Progress lines to a Dagster logger (``context.log``) when given, else to ``logging``."""
-
-    def __init__(self, logger: Any) -> None:
-        self.logger = logger
-
-    def _emit(self, level: str, message: str) -> None:
-        getattr(self.logger if self.logger is not None else log, level)(message)
-
-    def info(self, message: str) -> None:
-        self._emit("info", message)
-
-    def warning(self, message: str) -> None:
-        self._emit("warning", message)
-
-    def error(self, message: str) -> None:
-        self._emit("error", message)
-
-
-class _ContextShim:
-    """What ``_cancel_by_token`` expects of a context: ``.log``."""
-
-    def __init__(self, out: _Log) -> None:
-        self.log = out
-

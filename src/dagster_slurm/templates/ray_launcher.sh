@@ -387,9 +387,9 @@ fi
 __ds_ray_log "all ${#__ds_ray_hosts[@]} Ray node(s) joined after" \
     "$((SECONDS - __ds_ray_started_at)) s; head at $__ds_ray_address:$__ds_ray_gcs_port"
 if [ -n "$__ds_ray_include_dashboard" ]; then
-    printf 'Ray head node web UI: http://%s:%s\n' "$__ds_ray_address" "$__ds_ray_dashboard"
+    printf @@{dashboard_line} "$__ds_ray_address" "$__ds_ray_dashboard"
     if [ "$__ds_ray_mode" = slurm ]; then
-        printf 'To reach it from your machine: ssh -L 8265:%s:%s <login-host>, then open %s\n' \
+        printf @@{tunnel_line} \
             "$__ds_ray_address" "$__ds_ray_dashboard" "http://127.0.0.1:8265"
     fi
 fi

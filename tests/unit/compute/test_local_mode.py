@@ -7,8 +7,8 @@ import dagster as dg
 import pytest
 
 from dagster_slurm import ComputeResource, SlurmJobNonZeroExit
-from dagster_slurm.compute.slurm_runner import _drain_signal
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.signals import drain_signal_of
 
 
 def _materialize(tmp_path: Path, body: str, **run_kwargs):
@@ -58,9 +58,9 @@ def test_local_mode_checks_slurm_option_values_too(tmp_path, opts):
 
 
 def test_drain_signal_from_signal_before_timeout():
-    assert _drain_signal(None) is None
-    assert _drain_signal("USR1@60") == "USR1"
-    assert _drain_signal("B:TERM@120") == "TERM"
+    assert drain_signal_of(None) is None
+    assert drain_signal_of("USR1@60") == "USR1"
+    assert drain_signal_of("B:TERM@120") == "TERM"
 
 
 def test_error_types_are_exported():

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from session_fakes import FakeCluster
 
-from dagster_slurm.compute.errors import SlurmJobUnschedulable, SlurmSubmissionError
-from dagster_slurm.compute.slurm_runner import PendingPolicy
+from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionError
+from dagster_slurm.jobs.pending import PendingPolicy
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource

@@ -1,0 +1,77 @@
+"""From a finished job's final state and exit code to success or a typed error (pure)."""
+
+from __future__ import annotations
+
+from dagster_slurm.jobs.errors import (
+    JobOutcome,
+    SlurmJobCancelled,
+    SlurmJobError,
+    SlurmJobLost,
+    SlurmJobNonZeroExit,
+    SlurmJobOutOfMemory,
+    SlurmJobPreempted,
+    SlurmJobTimeout,
+    SlurmNodeFailure,
+)
+from dagster_slurm.slurm.states import JobState
+
+_BY_STATE: dict[JobState, type[SlurmJobError]] = {
+    JobState.TIMEOUT: SlurmJobTimeout,
+    JobState.OUT_OF_MEMORY: SlurmJobOutOfMemory,
+    JobState.NODE_FAIL: SlurmNodeFailure,
+    JobState.BOOT_FAIL: SlurmNodeFailure,
+    JobState.CANCELLED: SlurmJobCancelled,
+    JobState.PREEMPTED: SlurmJobPreempted,
+    JobState.DEADLINE: SlurmJobPreempted,
+    JobState.REVOKED: SlurmJobCancelled,
+}
+
+
+#: slurmstepd's words when it kills a step for exceeding its memory without cgroup OOM
+#: accounting (jobacct_gather's OverMemoryKill): the job then ends FAILED, not OUT_OF_MEMORY.
+_MEMORY_KILL_MARKERS = ("Exceeded job memory limit", "exceeded memory limit", "oom_kill event")
+
+
+def outcome_error(state: JobState | None, outcome: JobOutcome) -> SlurmJobError | None:
+    """None when the job succeeded, else the error describing how it failed.
+
+    A step killed by slurmstepd for exceeding its memory (its message in the job's stderr)
+    is :class:`SlurmJobOutOfMemory` whatever the state. A state that names a cause (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED, ...) wins over
+    the exit code, because the exit code of a killed payload (143, 137) says less. A payload
+    exit code of 0 with state COMPLETED is success; any other exit code is
+    :class:`SlurmJobNonZeroExit`; no state at all is :class:`SlurmJobLost`.
+    """
+    if state is None:
+        if outcome.exit_code == 0:
+            return None
+        if outcome.exit_code is not None:
+            return SlurmJobNonZeroExit(outcome)
+        return SlurmJobLost(outcome, "neither the scheduler nor accounting knows how it ended")
+    if state in (JobState.FAILED, JobState.CANCELLED) and any(
+        marker in outcome.stderr_tail for marker in _MEMORY_KILL_MARKERS
+    ):
+        return SlurmJobOutOfMemory(outcome, _advice(JobState.OUT_OF_MEMORY))
+    error_type = _BY_STATE.get(state)
+    if error_type is not None:
+        return error_type(outcome, _advice(state))
+    if outcome.exit_code not in (0, None):
+        return SlurmJobNonZeroExit(outcome)
+    if state is JobState.COMPLETED:
+        return None
+    if outcome.exit_code == 0 and state is JobState.FAILED:
+        return SlurmJobNonZeroExit(outcome, "the payload exited 0 but the job script failed")
+    return SlurmJobNonZeroExit(outcome, f"job ended in state {state.value}")
+
+
+def _advice(state: JobState) -> str:
+    return {
+        JobState.TIMEOUT: "raise time_limit, or checkpoint and continue in a later job",
+        JobState.OUT_OF_MEMORY: "raise mem (or mem_per_cpu), or reduce the payload's memory use",
+        JobState.NODE_FAIL: "a node went down under the job; retry, and report it to the site if it recurs",
+        JobState.BOOT_FAIL: "a node failed to boot for the job; retry",
+        JobState.CANCELLED: "cancelled by a user, an administrator or a dependency (scancel); "
+        "check `sacct -j <id> -o State,Reason`",
+        JobState.PREEMPTED: "a higher-priority job preempted it; retry or use a non-preemptible qos",
+        JobState.DEADLINE: "the job's --deadline passed",
+        JobState.REVOKED: "the job was revoked (federation)",
+    }.get(state, "")

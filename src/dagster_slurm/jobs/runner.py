@@ -1,0 +1,115 @@
+"""The template every runner of ``compute.run`` follows (local, asset-scope Slurm, run scope).
+
+In the style of Dagster's own Pipes clients: :meth:`PipesJobRunner.run` opens the Pipes
+session with the context injector and message reader the runner prepared, then calls the
+steps in order::
+
+    job = _prepare(context, request)      # paths, checks, reader; nothing started yet
+    with open_pipes_session(context, job.injector, job.reader, extras=...) as pipes:
+        handle = _start(job, pipes)       # write files, submit / request / spawn
+        try:
+            result = _wait(job, handle)   # until the payload has ended
+        except BaseException as exc:      # interrupt, termination, any failure
+            _terminate(job, handle, exc)  # the payload must not outlive the step
+            raise
+    return _outcome(job, handle, result, pipes)   # metadata, cleanup, or a typed error
+
+A runner overrides only what differs. :meth:`~PipesJobRunner._terminate` is the one place
+that reacts to an interrupt or a failure while waiting; it is not called when ``_wait``
+returns, nor for a failure in ``_prepare``, ``_start`` or ``_outcome`` (``_start`` cleans up
+a half-done start itself, as only it knows how far it got).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from dagster import PipesClientCompletedInvocation, open_pipes_session
+
+from dagster_slurm.launchers.base import ComputeLauncher
+from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.pipes.reader import PipesTailMessageReader
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One checked ``compute.run`` call, as the runners get it.
+
+    ``payload_path``: the script or command. ``launcher``: renders the job script.
+    ``extra_env``: validated variables for the payload. ``extras``: reach the payload as
+    ``context.extras`` (None: none). ``overrides``: validated scheduler overrides (empty:
+    none; only the asset-scope runner submits with them). ``defer_cleanup``: keep the
+    invocation's files after success.
+    """
+
+    payload_path: str
+    launcher: ComputeLauncher
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    extras: Mapping[str, Any] | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    defer_cleanup: bool = False
+
+
+@dataclass
+class PreparedJob:
+    """What :meth:`PipesJobRunner._prepare` sets up for one call: the Dagster ``context``,
+    the ``request``, and the Pipes ``injector`` (writes the context file the launcher points
+    the payload at) and ``reader`` (tails the messages, stdout and stderr files) the session
+    is opened with. Runners subclass it for their own fields."""
+
+    context: Any
+    request: JobRequest
+    injector: PipesDeferredFileContextInjector
+    reader: PipesTailMessageReader
+
+
+JobT = TypeVar("JobT", bound=PreparedJob)
+HandleT = TypeVar("HandleT")
+ResultT = TypeVar("ResultT")
+
+
+class PipesJobRunner(ABC, Generic[JobT, HandleT, ResultT]):
+    """Base of the runners: :meth:`run` is the template (see the module docstring).
+
+    ``JobT``: the runner's :class:`PreparedJob`; ``HandleT``: what ``_start`` returns (a job
+    id, a step handle, a process); ``ResultT``: what ``_wait`` returns, handed to ``_outcome``.
+    """
+
+    def run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
+        """Run ``request`` for ``context``'s step through Dagster Pipes and return the
+        completed invocation; raises the runner's typed error when the payload failed."""
+        job = self._prepare(context, request)
+        with open_pipes_session(context, job.injector, job.reader, extras=dict(request.extras or {})) as pipes:
+            handle = self._start(job, pipes)
+            try:
+                result = self._wait(job, handle)
+            except BaseException as exc:
+                self._terminate(job, handle, exc)
+                raise
+        return self._outcome(job, handle, result, pipes)
+
+    @abstractmethod
+    def _prepare(self, context: Any, request: JobRequest) -> JobT:
+        """Paths, checks, the Pipes injector and reader; starts nothing."""
+
+    @abstractmethod
+    def _start(self, job: JobT, pipes: Any) -> HandleT:
+        """Write the invocation's files and start the payload (``pipes``: the open Pipes
+        session, for its bootstrap environment)."""
+
+    @abstractmethod
+    def _wait(self, job: JobT, handle: HandleT) -> ResultT:
+        """Block until the payload has ended; return how it ended."""
+
+    @abstractmethod
+    def _terminate(self, job: JobT, handle: HandleT, error: BaseException) -> None:
+        """``_wait`` raised ``error`` (an interrupt, run termination, a lost link, a fatal
+        pending reason ...): stop the payload. Must not raise; ``error`` propagates after."""
+
+    @abstractmethod
+    def _outcome(self, job: JobT, handle: HandleT, result: ResultT, pipes: Any) -> PipesClientCompletedInvocation:
+        """After the Pipes session has closed: the completed invocation with its metadata,
+        or the typed error of a failed payload (raised); cleans up as configured."""

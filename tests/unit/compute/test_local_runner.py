@@ -1,0 +1,77 @@
+"""The local runner on the runner template: an interrupt while waiting ends the payload.
+
+Real processes: the job script and the payload run as in local mode; only the moment of the
+interrupt is chosen by the test (once the payload has said it is running).
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dagster_slurm.compute.local_runner import LocalExit, LocalJob, LocalProcess, LocalRunner
+from dagster_slurm.jobs.runner import JobRequest
+from dagster_slurm.launchers.bash import BashLauncher
+
+PAYLOAD = textwrap.dedent("""\
+    import os, signal, sys, time
+    marks = os.environ["MARKS"]
+
+    def on_term(*_):
+        open(os.path.join(marks, "terminated"), "w").close()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with open(os.path.join(marks, "pid"), "w") as handle:
+        handle.write(str(os.getpid()))
+    open(os.path.join(marks, "ready"), "w").close()
+    time.sleep(120)
+""")
+
+
+class InterruptedWhenReady(LocalRunner):
+    """Raises KeyboardInterrupt from ``_wait`` once the payload has written its ready file."""
+
+    marks: Path
+
+    def _wait(self, job: LocalJob, handle: LocalProcess) -> LocalExit:
+        deadline = time.monotonic() + 30
+        while not (self.marks / "ready").exists():
+            assert handle.proc.poll() is None, Path(job.paths.stderr).read_text()
+            assert time.monotonic() < deadline, "the payload never started"
+            time.sleep(0.02)
+        raise KeyboardInterrupt
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_an_interrupt_while_waiting_terminates_the_payload(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    payload = tmp_path / "payload.py"
+    payload.write_text(PAYLOAD)
+    runner = InterruptedWhenReady(str(tmp_path / "base"), kill_grace=20)
+    runner.marks = marks
+    request = JobRequest(str(payload), BashLauncher(), extra_env={"MARKS": str(marks)})
+
+    @dg.asset
+    def thing(context):
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(context, request)
+        yield dg.MaterializeResult()
+
+    assert dg.materialize([thing]).success
+    assert (marks / "terminated").exists(), "the payload did not get SIGTERM"
+    pid = int((marks / "pid").read_text())
+    assert not _alive(pid)

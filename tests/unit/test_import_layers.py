@@ -1,0 +1,193 @@
+"""The import-layer contract of the package: lower layers never import higher ones.
+
+Every ``import`` and ``from ... import`` of every module under ``src/dagster_slurm`` counts:
+at module level, inside functions, and inside ``if TYPE_CHECKING:`` blocks too (a
+type-only import still ties a lower layer to a higher one, and turning it into a runtime
+import must not be the moment a cycle appears). Each module belongs to the unit named by
+its first component below ``dagster_slurm`` (``jobs/pending.py`` -> ``jobs``,
+``errors.py`` -> ``errors``, ``__init__.py`` -> ``dagster_slurm``). A unit may import itself
+and the units of strictly lower layers in :data:`LAYERS`; units of one layer do not import
+each other. Strict layers leave no import cycle between units. Importing a private name
+(``_x``, or a module ``_x``) of another unit is refused as well.
+
+A new subpackage fails the contract until it is given a layer here (and in the diagram of
+``docs/design.md``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "dagster_slurm"
+SOURCE_ROOT = Path(__file__).resolve().parents[2] / "src"
+
+#: The layers, lowest first; the one table of the contract (drawn in docs/design.md).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "backoff"),
+    ("slurm", "transport"),
+    ("agent",),
+    ("state", "scheduler"),
+    ("pipes", "launchers", "environment", "resources"),
+    ("jobs",),
+    ("session",),
+    ("compute",),
+    ("devcluster",),
+    (PACKAGE, "cli", "testing"),
+)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One import that breaks the contract: where it is and what is wrong with it."""
+
+    path: str
+    line: int
+    importer: str
+    imported: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.importer} imports {self.imported}: {self.problem}"
+
+
+def _layer_of(layers: tuple[tuple[str, ...], ...]) -> dict[str, int]:
+    return {unit: index for index, layer in enumerate(layers) for unit in layer}
+
+
+def _module_parts(root: Path, path: Path) -> tuple[list[str], bool]:
+    """The dotted name of ``path`` as parts, and whether it is a package's ``__init__``."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return parts[:-1], True
+    return parts, False
+
+
+def _unit(parts: list[str]) -> str:
+    return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def _imports(tree: ast.AST, parts: list[str], is_package: bool):
+    """``(line, module, name)`` for every import in ``tree``; ``name`` is None for
+    ``import module``; relative imports are resolved against ``parts``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts if is_package else parts[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            for alias in node.names:
+                yield node.lineno, module, alias.name
+
+
+def _private(component: str) -> bool:
+    return component.startswith("_") and not component.startswith("__")
+
+
+def check_layers(source_root: Path, layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[Violation]:
+    """Every import under ``source_root/dagster_slurm`` that breaks the contract (see the
+    module docstring); an empty list when the package keeps it."""
+    root = Path(source_root)
+    rank = _layer_of(layers)
+    found: list[Violation] = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts, is_package = _module_parts(root, path)
+        importer = _unit(parts)
+        where = str(path.relative_to(root))
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=where)
+        if importer not in rank:
+            found.append(Violation(where, 1, importer, "-", "has no layer in LAYERS; add it"))
+            continue
+        for line, module, name in _imports(tree, parts, is_package):
+            target = module.split(".")
+            if target[0] != PACKAGE:
+                continue
+            imported = _unit(target)
+            if imported == importer:
+                continue
+            shown = f"{module}.{name}" if name else module
+            if any(_private(part) for part in target[1:]) or (name is not None and _private(name)):
+                found.append(Violation(where, line, importer, shown,
+                                       f"a private name of {imported}; make it public there"))
+            if imported not in rank:
+                found.append(Violation(where, line, importer, shown, f"{imported} has no layer"))
+            elif rank[imported] >= rank[importer]:
+                found.append(Violation(
+                    where, line, importer, shown,
+                    f"{imported} (layer {rank[imported]}) is not below {importer} "
+                    f"(layer {rank[importer]})",
+                ))
+    return found
+
+
+def test_the_package_keeps_its_layers() -> None:
+    violations = check_layers(SOURCE_ROOT)
+    assert not violations, "import-layer contract broken:\n" + "\n".join(map(str, violations))
+
+
+def test_every_subpackage_has_a_layer() -> None:
+    units = {p.name for p in (SOURCE_ROOT / PACKAGE).iterdir()
+             if p.is_dir() and (p / "__init__.py").exists()}
+    units |= {p.stem for p in (SOURCE_ROOT / PACKAGE).glob("*.py") if p.stem != "__init__"}
+    placed = set(_layer_of(LAYERS))
+    assert units <= placed, f"give these a layer in LAYERS: {sorted(units - placed)}"
+    assert {"jobs", "session", "compute"} <= placed
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / PACKAGE / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_a_planted_back_import_and_private_import_are_reported(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        "__init__.py": "",
+        "jobs/__init__.py": "",
+        "jobs/fine.py": "from dagster_slurm.launchers.base import ComputeLauncher\n",
+        "jobs/bad.py": (
+            "def later():\n"
+            "    from dagster_slurm.compute.resource import ComputeResource\n"
+            "    return ComputeResource\n"
+        ),
+        "session/__init__.py": "",
+        "session/bad.py": "from dagster_slurm.compute.x import _private\n",
+        "compute/__init__.py": "",
+        "compute/x.py": "_private = 1\n",
+        "compute/fine.py": "from dagster_slurm.jobs.fine import ComputeLauncher\nfrom . import x\n",
+    })
+    found = {(v.path, v.imported, v.problem.split(" ")[0]) for v in check_layers(tmp_path)}
+    assert found == {
+        ("dagster_slurm/jobs/bad.py", "dagster_slurm.compute.resource.ComputeResource", "compute"),
+        ("dagster_slurm/session/bad.py", "dagster_slurm.compute.x._private", "a"),
+        ("dagster_slurm/session/bad.py", "dagster_slurm.compute.x._private", "compute"),
+    }, found
+
+
+@pytest.mark.parametrize("source", [
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dagster_slurm.session import session\n",
+    "from ..session import session\n",
+    "import dagster_slurm.session.session\n",
+    "from dagster_slurm import ComputeResource\n",
+])
+def test_type_only_relative_and_plain_back_imports_count(tmp_path: Path, source: str) -> None:
+    _plant(tmp_path, {"__init__.py": "", "jobs/__init__.py": "", "jobs/bad.py": source})
+    (violation,) = check_layers(tmp_path)
+    assert violation.importer == "jobs"
+    assert violation.path == "dagster_slurm/jobs/bad.py"
+    assert "is not below jobs" in violation.problem
+
+
+def test_a_unit_without_a_layer_is_reported(tmp_path: Path) -> None:
+    _plant(tmp_path, {"__init__.py": "", "extra/__init__.py": "import os\n"})
+    (violation,) = check_layers(tmp_path)
+    assert violation.importer == "extra" and "no layer" in violation.problem
