@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.compute.options import sbatch_overrides
 from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
@@ -34,7 +35,7 @@ class SlurmAllocationScope(str, Enum):
     RUN = "run"
 
 
-class ComputeResource(ConfigurableResource):
+class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     """Runs payloads for assets: ``mode="local"`` as subprocesses, ``mode="slurm"`` as Slurm jobs.
 
     The same asset code works in both modes: ``yield from compute.run(context=context,
