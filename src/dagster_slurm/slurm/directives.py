@@ -12,6 +12,11 @@ Users may pass options the library has no field for (``--dependency=afterany:123
   (:data:`FORBIDDEN_SBATCH_OPTIONS`, e.g. ``--wait``);
 * abbreviations of those options (sbatch accepts ``--part=x`` for ``--partition=x``);
 * the same option twice (``--begin=a`` and ``--begin``).
+
+The same rules serve other programs' extra options (``ray start`` in
+:mod:`dagster_slurm.launchers.ray`): :func:`validate_option_entries` takes an
+:class:`OptionRules` that names the program's reserved options; :func:`sbatch_rules` gives
+sbatch's.
 """
 
 from __future__ import annotations
