@@ -17,7 +17,7 @@ The error is a :class:`UnknownFieldError`, a
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -51,19 +51,25 @@ def unknown_name_problem(name: str, known: Iterable[str], *, what: str = "field"
 class UnknownFieldError(ConfigurationError):
     """A keyword that is not a field of the class it was given to.
 
-    ``field`` is the keyword as given, ``value`` its value, ``owner`` the class name and
-    ``suggestion`` the closest real field (None when none is close). The message leads
-    with the class and the unknown name: ``ComputeResource: unknown field 'mdoe'; did you
-    mean 'mode'?``.
+    ``field`` is the keyword as given, ``value`` its value, ``owner`` the class name,
+    ``suggestion`` the closest real field (None when none is close) and ``others`` the
+    further unknown keywords of the same call. The message leads with the class and the
+    unknown name: ``ComputeResource: unknown field 'mdoe'; did you mean 'mode'?``.
     """
 
-    def __init__(self, owner: str, field: str, value: object, known: Iterable[str]) -> None:
+    def __init__(
+        self, owner: str, field: str, value: object, known: Iterable[str],
+        others: Sequence[str] = (),
+    ) -> None:
         names = sorted(set(known))
         self.owner = owner
         self.suggestion = closest_name(field, names)
+        self.others = tuple(others)
         self.field = field
         self.value = value
         self.problem = unknown_name_problem(field, names)
+        if self.others:
+            self.problem += " (also unknown: " + ", ".join(map(repr, self.others)) + ")"
         Exception.__init__(self, f"{owner}: {self.problem}")
 
 
@@ -80,14 +86,18 @@ def accepted_names(model: type[BaseModel]) -> set[str]:
 
 def refuse_unknown_fields(model: type[BaseModel], data: Any) -> Any:
     """``data`` unchanged when it names only fields of ``model``; raises
-    :class:`UnknownFieldError` for the first unknown keyword otherwise (sorted, so the
-    message is the same on every run). Non-mapping ``data`` (an instance) passes."""
+    :class:`UnknownFieldError` otherwise, about the first unknown keyword in sorted order
+    (the same on every run) and listing the others. Non-mapping ``data`` (an instance
+    being re-validated) passes unchanged."""
     if not isinstance(data, Mapping):
         return data
     known = accepted_names(model)
-    unknown = sorted(str(key) for key in data if key not in known)
+    unknown = sorted((key for key in data if key not in known), key=str)
     if unknown:
-        raise UnknownFieldError(model.__name__, unknown[0], data[unknown[0]], known)
+        first = unknown[0]
+        raise UnknownFieldError(
+            model.__name__, str(first), data[first], known, [str(key) for key in unknown[1:]]
+        )
     return data
 
 

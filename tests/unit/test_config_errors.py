@@ -395,3 +395,9 @@ def test_good_ray_start_args_are_kept_in_order() -> None:
 def test_sbatch_directive_messages_are_unchanged() -> None:
     with pytest.raises(ValidationError, match="looks like an abbreviation of --partition, which sbatch"):
         SlurmQueueConfig(extra_sbatch_directives=["--part=gpu"])
+
+
+def test_every_unknown_field_of_one_call_is_named() -> None:
+    with pytest.raises(ValidationError) as caught:
+        ComputeResource(slrum=None, mdoe="slurm")
+    assert "unknown field 'mdoe'; did you mean 'mode'? (also unknown: 'slrum')" in str(caught.value)
