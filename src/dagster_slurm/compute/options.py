@@ -53,7 +53,8 @@ def sbatch_overrides(extra_slurm_opts: Mapping[str, Any] | None) -> dict[str, An
         target = OPTION_FIELDS.get(key)
         if target is None:
             raise ConfigurationError(
-                f"extra_slurm_opts[{key!r}]", value, unknown_name_problem(str(key), OPTION_FIELDS, what="option")
+                f"extra_slurm_opts[{key!r}]", value,
+                unknown_name_problem(str(key), OPTION_FIELDS, what="option"),
             )
         if target in overrides:
             raise ConfigurationError(
