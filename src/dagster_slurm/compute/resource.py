@@ -18,7 +18,8 @@ from typing import Any, Literal
 from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.compute.options import sbatch_overrides
+from dagster_slurm.compute.options import sbatch_overrides, validate_extras
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.jobs.paths import InvocationPaths, step_identity
@@ -38,7 +39,7 @@ class SlurmAllocationScope(str, Enum):
     RUN = "run"
 
 
-class ComputeResource(ConfigurableResource):
+class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     """Runs payloads for assets: ``mode="local"`` as subprocesses, ``mode="slurm"`` as Slurm jobs.
 
     The same asset code works in both modes: ``yield from compute.run(context=context,
@@ -67,8 +68,9 @@ class ComputeResource(ConfigurableResource):
     run_allocation: SlurmRunAllocationConfig | None = Field(
         default=None,
         description=(
-            "Shape of the run's allocation with allocation_scope='run'; fields left None take "
-            "the Slurm resource's queue values. None: the queue configuration as it is."
+            "Shape of the run's allocation with allocation_scope='run' (an error with 'asset'); "
+            "fields left None take the Slurm resource's queue values. None: the queue "
+            "configuration as it is."
         ),
     )
     pre_deployed_env_path: str | None = Field(
@@ -125,6 +127,13 @@ class ComputeResource(ConfigurableResource):
             raise ValueError(
                 f"pre_deployed_env_path={self.pre_deployed_env_path!r}: must be an absolute path on the cluster"
             )
+        if self.run_allocation is not None and self.allocation_scope is SlurmAllocationScope.ASSET:
+            raise ConfigurationError(
+                "run_allocation", self.run_allocation.model_dump(exclude_defaults=True),
+                "is used only with allocation_scope='run'; set allocation_scope='run' to share one "
+                "allocation between the run's steps, or drop run_allocation (with 'asset' each "
+                "step's job takes the Slurm resource's queue and its extra_slurm_opts)",
+            )
         return self
 
     # -- the API assets call ---------------------------------------------------------------
@@ -155,6 +164,7 @@ class ComputeResource(ConfigurableResource):
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
         env = validate_env(dict(extra_env or {}))
+        validate_extras(extras)
         overrides = sbatch_overrides(extra_slurm_opts)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")

@@ -30,6 +30,7 @@ from dagster import Config
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import Field, field_validator, model_validator
 
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 
 Packer = Literal["auto", "pixi", "wheelhouse", "none"]
@@ -66,7 +67,7 @@ def default_cache_dir() -> Path:
     return Path(base) / "dagster-slurm"
 
 
-class EnvironmentConfig(Config):
+class EnvironmentConfig(Config, KnownFieldsOnly):
     """The Python environment a payload runs in on the cluster (see the module docstring)."""
 
     pre_deployed_env_path: str | None = Field(

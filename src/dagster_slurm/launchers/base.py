@@ -30,6 +30,7 @@ from typing import Literal
 from dagster import ConfigurableResource
 from pydantic import ConfigDict
 
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.validation import has_control_characters
 
@@ -275,7 +276,7 @@ def payload_argv(payload_path: str, *, job_dir: str, python: str = "python") -> 
     return PayloadSpec(argv=argv)
 
 
-class ComputeLauncher(ConfigurableResource):
+class ComputeLauncher(ConfigurableResource, KnownFieldsOnly):
     """Base of the launchers: configuration in, job script text out.
 
     Launchers are Dagster resources so that they can be set as a default on a compute

@@ -52,6 +52,7 @@ from dagster_slurm.launchers.ray_ports import (
     RayPortConfig,
 )
 from dagster_slurm.launchers.script import render_prologue, render_template
+from dagster_slurm.slurm.directives import OptionRules, validate_option_entries
 
 RAY_TEMPLATE = "ray_launcher.sh"
 """The Ray launcher's part of the job script (after the common prologue)."""
@@ -98,6 +99,57 @@ RAY_TUNNEL_FORMAT = RAY_TUNNEL_PREFIX + " ssh -L 8265:%s:%s <login-host>, then o
 
 SCRIPT_PORT_ORDER: tuple[str, ...] = (*PORT_OFFSETS, "min_worker")
 """Order of the offsets handed to the script (``__ds_ray_port`` in ``ray_ports.sh``)."""
+
+_SET_BY_LAUNCHER = "is set by the launcher on every node"
+_FROM_BLOCK = "is taken from the node's port block; configure port_config instead"
+_USE = "is set by the launcher; use "
+
+#: ``ray start`` options the launcher passes itself, with what to use instead.
+RAY_MANAGED_OPTIONS: dict[str, str] = {
+    "num-cpus": _USE + "num_cpus_per_node",
+    "num-gpus": _USE + "num_gpus_per_node",
+    "object-store-memory": _USE + "object_store_memory",
+    "redis-password": _USE + "redis_password",
+    "temp-dir": _USE + "temp_dir",
+    "node-ip-address": _USE + "network_interface or node_ip_address_command",
+    "address": _USE + "head_node_address (workers join the head the job starts)",
+    "port": _USE + "ray_port",
+    "dashboard-port": _USE + "dashboard_port",
+    "include-dashboard": _USE + "include_dashboard",
+    "dashboard-host": _SET_BY_LAUNCHER,
+    "head": _SET_BY_LAUNCHER + " (the first node is the head)",
+    "block": _SET_BY_LAUNCHER + " (it keeps Ray inside the job step)",
+    "resources": _SET_BY_LAUNCHER + " (it marks the head and the workers)",
+    "disable-usage-stats": _SET_BY_LAUNCHER,
+    "log-color": _SET_BY_LAUNCHER,
+    "node-manager-port": _FROM_BLOCK,
+    "object-manager-port": _FROM_BLOCK,
+    "dashboard-agent-listen-port": _FROM_BLOCK,
+    "dashboard-agent-grpc-port": _FROM_BLOCK,
+    "metrics-export-port": _FROM_BLOCK,
+    "runtime-env-agent-port": _FROM_BLOCK,
+    "ray-client-server-port": _FROM_BLOCK,
+    "min-worker-port": _FROM_BLOCK,
+    "max-worker-port": _FROM_BLOCK,
+}
+
+
+def _ray_reserved(name: str) -> str | None:
+    advice = RAY_MANAGED_OPTIONS.get(name)
+    return None if advice is None else f"--{name} {advice}"
+
+
+RAY_START_RULES = OptionRules(
+    program="ray start",
+    reserved=_ray_reserved,
+    short_form=lambda entry: (
+        "only long-form options are accepted, one per entry, e.g. '--log-style=record'"
+    ),
+    example="--log-style=record",
+)
+"""What ``ray_start_args`` may hold: the rules of extra sbatch options (one long-form
+option per entry, no whitespace, quotes or backslashes, each option once), with the options
+the launcher passes itself refused instead of sbatch's."""
 
 _INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,253}")
@@ -180,7 +232,11 @@ class RayLauncher(ComputeLauncher):
     )
     ray_start_args: list[str] = Field(
         default_factory=list,
-        description="Extra arguments appended to every node's 'ray start' (for debugging).",
+        description=(
+            "Extra options appended to every node's 'ray start', one '--option[=value]' per "
+            "entry without whitespace, quotes or backslashes (e.g. '--log-style=record'); "
+            "options the launcher sets (--num-cpus, --port, ...) are refused."
+        ),
     )
     pre_start_commands: list[str] = Field(
         default_factory=list,
@@ -275,7 +331,12 @@ class RayLauncher(ComputeLauncher):
             )
         return value
 
-    @field_validator("ray_start_args", "pre_start_commands")
+    @field_validator("ray_start_args")
+    @classmethod
+    def _check_start_args(cls, value: list[str]) -> list[str]:
+        return list(validate_option_entries(value, field="ray_start_args", rules=RAY_START_RULES))
+
+    @field_validator("pre_start_commands")
     @classmethod
     def _check_lines(cls, value: list[str], info: Any) -> list[str]:
         for index, item in enumerate(value):

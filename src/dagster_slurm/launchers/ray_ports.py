@@ -47,6 +47,8 @@ from typing import Literal
 from dagster import Config
 from pydantic import ConfigDict, Field, model_validator
 
+from dagster_slurm.config_errors import KnownFieldsOnly
+
 PortStrategy = Literal["random", "hash_jobid", "fixed"]
 """How a Ray node picks its port block (see the module docstring)."""
 
@@ -84,7 +86,7 @@ _FNV_OFFSET = 0x811C9DC5
 _FNV_PRIME = 0x01000193
 
 
-class RayPortConfig(Config):
+class RayPortConfig(Config, KnownFieldsOnly):
     """The port range Ray nodes take their blocks from, and the block size.
 
     Use one range and one block size for the whole cluster, restricted to ports that

@@ -16,6 +16,7 @@ from dagster import ConfigurableResource
 from pydantic import Field, field_validator
 
 from dagster_slurm.agent import AgentClient
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError, TransportError
 from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.scheduler.client import SlurmScheduler
@@ -26,7 +27,7 @@ _USERS: dict[tuple, int] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-class SlurmResource(ConfigurableResource):
+class SlurmResource(ConfigurableResource, KnownFieldsOnly):
     """A Slurm cluster reached over SSH, with the default queue settings of its jobs."""
 
     ssh: SSHConnectionResource = Field(description="How to reach the cluster's login node.")

@@ -14,11 +14,12 @@ from typing import Literal
 from dagster import ConfigurableResource
 from pydantic import Field, field_validator, model_validator
 
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.transport.ssh import SSHOptions, SSHTarget, SSHTransport, shared_transport
 
 
-class SSHConnectionResource(ConfigurableResource):
+class SSHConnectionResource(ConfigurableResource, KnownFieldsOnly):
     """Connection settings for the Slurm login (edge) node.
 
     Authentication uses ``key_path`` if set, else ``password`` if set, else the keys offered

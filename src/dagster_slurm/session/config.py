@@ -2,8 +2,10 @@
 
 Fields left as None inherit the :class:`~dagster_slurm.slurm.queue.SlurmQueueConfig` of the
 :class:`~dagster_slurm.resources.slurm.SlurmResource`; ``extra_sbatch_directives`` never
-inherits (it applies to one submission). The combination is checked like a queue
-configuration when the allocation's sbatch request is built, before anything is submitted.
+inherits (it applies to one submission). Each value is checked when the configuration is
+built, with the queue's rules and in this class's field names (``cpus_per_task``); the
+combination with the queue is checked again when the allocation's sbatch request is built,
+before anything is submitted.
 """
 
 from __future__ import annotations
@@ -13,11 +15,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from dagster import Config
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.commands import SbatchSpec
-from dagster_slurm.slurm.queue import SlurmQueueConfig
+from dagster_slurm.slurm.directives import validate_extra_sbatch_directives
+from dagster_slurm.slurm.queue import (
+    SlurmQueueConfig,
+    check_time_combination,
+    validate_drain_signal_spec,
+)
+from dagster_slurm.slurm.validation import validate_count, validate_memory, validate_slurm_name
+from dagster_slurm.slurm.walltime import validate_walltime
 
 #: SlurmRunAllocationConfig field -> SlurmQueueConfig field.
 _QUEUE_FIELDS: Mapping[str, str] = {
@@ -35,6 +45,12 @@ _QUEUE_FIELDS: Mapping[str, str] = {
     "signal_before_timeout": "signal_before_timeout",
 }
 
+#: SlurmQueueConfig field -> the SlurmRunAllocationConfig field a user writes for it.
+_OWN_FIELDS: Mapping[str, str] = {
+    **{queue: own for own, queue in _QUEUE_FIELDS.items()},
+    "extra_sbatch_directives": "extra_sbatch_directives",
+}
+
 #: SbatchSpec fields that make up an allocation's shape (what a step may not ask to change).
 SHAPE_FIELDS: tuple[str, ...] = (
     "partition", "num_nodes", "ntasks", "ntasks_per_node", "cpus_per_task", "mem",
@@ -43,7 +59,7 @@ SHAPE_FIELDS: tuple[str, ...] = (
 )
 
 
-class SlurmRunAllocationConfig(Config):
+class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
     """The allocation a run-scoped session submits once and shares between the run's steps.
 
     Every shape field left as None takes the value of the Slurm resource's queue
@@ -104,6 +120,39 @@ class SlurmRunAllocationConfig(Config):
         ),
     )
 
+    @field_validator("partition", "qos", "account", "reservation")
+    @classmethod
+    def _check_name(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None or (info.field_name == "partition" and value == ""):
+            return value
+        return validate_slurm_name(str(info.field_name), value)
+
+    @field_validator("num_nodes", "cpus_per_task", "gpus_per_node")
+    @classmethod
+    def _check_count(cls, value: int | None, info: ValidationInfo) -> int | None:
+        minimum = 0 if info.field_name == "gpus_per_node" else 1
+        return None if value is None else validate_count(str(info.field_name), value, minimum=minimum)
+
+    @field_validator("time_limit", "time_min")
+    @classmethod
+    def _check_time(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else validate_walltime(str(info.field_name), value)
+
+    @field_validator("mem", "mem_per_cpu")
+    @classmethod
+    def _check_memory(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else validate_memory(str(info.field_name), value)
+
+    @field_validator("signal_before_timeout")
+    @classmethod
+    def _check_signal(cls, value: str | None) -> str | None:
+        return None if value is None else validate_drain_signal_spec("signal_before_timeout", value)
+
+    @field_validator("extra_sbatch_directives")
+    @classmethod
+    def _check_directives(cls, value: list[str]) -> list[str]:
+        return list(validate_extra_sbatch_directives(value, field_names=_OWN_FIELDS))
+
     @field_validator("heartbeat_interval", "startup_timeout")
     @classmethod
     def _positive(cls, value: float, info: Any) -> float:
@@ -121,7 +170,8 @@ class SlurmRunAllocationConfig(Config):
         return value
 
     @model_validator(mode="after")
-    def _check_heartbeat(self) -> SlurmRunAllocationConfig:
+    def _check_combination(self) -> SlurmRunAllocationConfig:
+        check_time_combination(self.time_limit, self.time_min, self.signal_before_timeout)
         if self.heartbeat_timeout is not None and self.heartbeat_timeout <= 2 * self.heartbeat_interval:
             raise ConfigurationError(
                 "heartbeat_timeout", self.heartbeat_timeout,
@@ -131,7 +181,8 @@ class SlurmRunAllocationConfig(Config):
 
     def queue_for(self, queue: SlurmQueueConfig) -> SlurmQueueConfig:
         """``queue`` with this configuration's fields applied; checked as a whole (times,
-        signal, directives), so a bad combination fails naming the field and the value."""
+        signal, directives). A bad combination raises :class:`ConfigurationError` naming
+        the field as this class spells it (``cpus_per_task``) and the value."""
         values = queue.model_dump()
         values["extra_sbatch_directives"] = list(self.extra_sbatch_directives)
         for name, target in _QUEUE_FIELDS.items():
@@ -142,11 +193,30 @@ class SlurmRunAllocationConfig(Config):
             values["mem"] = None
         elif self.mem is not None:
             values["mem_per_cpu"] = None
-        return SlurmQueueConfig(**values)
+        try:
+            return SlurmQueueConfig(**values)
+        except ValidationError as error:
+            raise _in_own_words(error) from None
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able copy, recorded in the session document with the allocation."""
         return self.model_dump(mode="json")
+
+
+def _in_own_words(error: ValidationError) -> Exception:
+    """The first problem of a combined queue configuration, as a :class:`ConfigurationError`
+    naming the SlurmRunAllocationConfig field (``cpus`` becomes ``cpus_per_task``)."""
+    for detail in error.errors():
+        cause = (detail.get("ctx") or {}).get("error")
+        if isinstance(cause, ConfigurationError):
+            base, bracket, rest = cause.field.partition("[")
+            field = _OWN_FIELDS.get(base, base) + bracket + rest
+            return ConfigurationError(
+                field, cause.value,
+                f"{cause.problem} (fields of SlurmRunAllocationConfig left None take the "
+                "values of the Slurm resource's queue configuration)",
+            )
+    return error
 
 
 _MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}

@@ -8,6 +8,7 @@ from typing import Any
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
@@ -17,7 +18,7 @@ from dagster_slurm.session.errors import SlurmStepExecutionResult
 from dagster_slurm.session.session import RunSession
 
 
-class SlurmSessionResource(ConfigurableResource):
+class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     """One allocation per Dagster run, shared by the run's steps, with explicit settings.
 
     ``get_session(context)`` returns the run's session in this process (the same object

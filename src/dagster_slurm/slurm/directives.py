@@ -12,12 +12,18 @@ Users may pass options the library has no field for (``--dependency=afterany:123
   (:data:`FORBIDDEN_SBATCH_OPTIONS`, e.g. ``--wait``);
 * abbreviations of those options (sbatch accepts ``--part=x`` for ``--partition=x``);
 * the same option twice (``--begin=a`` and ``--begin``).
+
+The same rules serve other programs' extra options (``ray start`` in
+:mod:`dagster_slurm.launchers.ray`): :func:`validate_option_entries` takes an
+:class:`OptionRules` that names the program's reserved options; :func:`sbatch_rules` gives
+sbatch's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from dagster_slurm.errors import ConfigurationError
 
@@ -99,6 +105,7 @@ _ENTRY = re.compile(r"--(?P<name>[a-z][a-z0-9-]*)(?:=(?P<value>.*))?", re.DOTALL
 _LOOSE_NAME = re.compile(r"--([A-Za-z0-9-]+)")
 _RESERVED = MANAGED_SBATCH_OPTIONS | FORBIDDEN_SBATCH_OPTIONS
 _UNSAFE = frozenset("'\"\\`")
+_FIELD_ADVICE = _FIELD.format("")
 
 
 def option_name(entry: str) -> str | None:
@@ -107,30 +114,63 @@ def option_name(entry: str) -> str | None:
     return match.group("name") if match is not None else None
 
 
-def _reserved_problem(name: str) -> str | None:
+@dataclass(frozen=True)
+class OptionRules:
+    """What one program accepts in a list of extra long-form options.
+
+    ``reserved`` gives the problem with an option name the caller may not pass (None: the
+    name is free); ``short_form`` the problem with a short option such as ``-t 10``;
+    ``abbreviated`` the names whose prefixes ``program`` would also accept (sbatch does,
+    so ``--part=x`` is refused like ``--partition=x``); ``example`` an acceptable entry,
+    shown in messages.
+    """
+
+    program: str
+    reserved: Callable[[str], str | None]
+    short_form: Callable[[str], str]
+    abbreviated: frozenset[str] = frozenset()
+    example: str = "--constraint=a100"
+
+
+def _reserved_problem(name: str, field_names: Mapping[str, str] | None = None) -> str | None:
     if name in MANAGED_OPTION_ADVICE:
-        return f"--{name} {MANAGED_OPTION_ADVICE[name]}"
+        advice = MANAGED_OPTION_ADVICE[name]
+        if field_names and advice.startswith(_FIELD_ADVICE):
+            field = advice[len(_FIELD_ADVICE):]
+            advice = _FIELD.format(field_names.get(field, field))
+        return f"--{name} {advice}"
     if name in FORBIDDEN_OPTION_REASONS:
         return f"--{name} is not allowed: it {FORBIDDEN_OPTION_REASONS[name]}"
     return None
 
 
-def _short_form_problem(entry: str) -> str:
+def _short_form_problem(entry: str, field_names: Mapping[str, str] | None = None) -> str:
     letter = entry[1:2]
     long_name = SHORT_OPTION_NAMES.get(letter)
     text = "only long-form options are accepted, one per entry, e.g. '--constraint=a100'"
     if long_name is None:
         return text
-    reserved = _reserved_problem(long_name)
+    reserved = _reserved_problem(long_name, field_names)
     return f"-{letter} is --{long_name}; {reserved}" if reserved else text
 
 
-def _entry_problem(entry: str) -> tuple[str, str | None]:
+def sbatch_rules(field_names: Mapping[str, str] | None = None) -> OptionRules:
+    """The rules for extra ``sbatch`` options. ``field_names`` maps the library's field
+    names in the advice (``cpus``) to the caller's spelling of them (``cpus_per_task``)."""
+    return OptionRules(
+        program="sbatch",
+        reserved=lambda name: _reserved_problem(name, field_names),
+        short_form=lambda entry: _short_form_problem(entry, field_names),
+        abbreviated=_RESERVED,
+    )
+
+
+def _entry_problem(entry: str, rules: OptionRules) -> tuple[str, str | None]:
     """``(option name, problem)`` for one entry; the problem is None when it is acceptable."""
     if entry.startswith("-") and not entry.startswith("--"):
-        return "", _short_form_problem(entry)
+        return "", rules.short_form(entry)
     loose = _LOOSE_NAME.match(entry)
-    reserved = _reserved_problem(loose.group(1).lower()) if loose is not None else None
+    reserved = rules.reserved(loose.group(1).lower()) if loose is not None else None
     if reserved is not None:
         return "", reserved
     if any(char.isspace() or ord(char) < 32 or ord(char) == 127 for char in entry):
@@ -141,28 +181,29 @@ def _entry_problem(entry: str) -> tuple[str, str | None]:
     if match is None:
         return "", (
             "must be one long-form option '--name' or '--name=value' with a lower-case name, "
-            "e.g. '--dependency=afterany:123'"
+            f"e.g. {rules.example!r}"
         )
     name, value = match.group("name"), match.group("value")
     if value == "":
         return name, "has an empty value after '='; drop the '=' or give a value"
-    for full in sorted(_RESERVED):
+    for full in sorted(rules.abbreviated):
         if full.startswith(name):
             return name, (
-                f"looks like an abbreviation of --{full}, which sbatch would accept; "
-                f"{_reserved_problem(full)}"
+                f"looks like an abbreviation of --{full}, which {rules.program} would accept; "
+                f"{rules.reserved(full)}"
             )
     return name, None
 
 
-def validate_extra_sbatch_directives(
-    entries: Iterable[str] | None, *, field: str = "extra_sbatch_directives"
+def validate_option_entries(
+    entries: Iterable[str] | None, *, field: str, rules: OptionRules
 ) -> tuple[str, ...]:
-    """Check extra sbatch options and return them as a tuple, in the given order.
+    """Check a list of extra long-form options under ``rules``; return them as a tuple.
 
-    None is read as no entries. Raises :class:`~dagster_slurm.errors.ConfigurationError`
-    whose field is ``<field>[<index>]`` and whose value is the offending entry; the message
-    says what to use instead.
+    Each entry is one ``--name`` or ``--name=value`` without whitespace, control
+    characters, quotes or backslashes, and names each option once. None is read as no
+    entries. Raises :class:`~dagster_slurm.errors.ConfigurationError` whose field is
+    ``<field>[<index>]`` and whose value is the offending entry.
     """
     if entries is None:
         return ()
@@ -173,8 +214,8 @@ def validate_extra_sbatch_directives(
     for index, entry in enumerate(entries):
         where = f"{field}[{index}]"
         if not isinstance(entry, str):
-            raise ConfigurationError(where, entry, "must be a string such as '--constraint=a100'")
-        name, problem = _entry_problem(entry)
+            raise ConfigurationError(where, entry, f"must be a string such as {rules.example!r}")
+        name, problem = _entry_problem(entry, rules)
         if problem is not None:
             raise ConfigurationError(where, entry, problem)
         if name in seen:
@@ -184,3 +225,19 @@ def validate_extra_sbatch_directives(
         seen[name] = index
         checked.append(entry)
     return tuple(checked)
+
+
+def validate_extra_sbatch_directives(
+    entries: Iterable[str] | None,
+    *,
+    field: str = "extra_sbatch_directives",
+    field_names: Mapping[str, str] | None = None,
+) -> tuple[str, ...]:
+    """Check extra sbatch options and return them as a tuple, in the given order.
+
+    None is read as no entries. Raises :class:`~dagster_slurm.errors.ConfigurationError`
+    whose field is ``<field>[<index>]`` and whose value is the offending entry; the message
+    says what to use instead, naming fields as ``field_names`` spells them (see
+    :func:`sbatch_rules`).
+    """
+    return validate_option_entries(entries, field=field, rules=sbatch_rules(field_names))

@@ -17,6 +17,7 @@ from typing import Any
 from dagster import Config
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.directives import validate_extra_sbatch_directives
@@ -33,7 +34,7 @@ _UNDRAINABLE_SIGNALS = frozenset({"KILL", "STOP", "9", "19"})
 _SPEC_FIELDS = frozenset(f.name for f in fields(SbatchSpec)) - {"job_name", "script_path"}
 
 
-class SlurmQueueConfig(Config):
+class SlurmQueueConfig(Config, KnownFieldsOnly):
     """Default scheduler request of a job: partition, shape, walltime and accounting.
 
     ``None`` (and, for ``partition``, an empty string) leaves a value to the scheduler's
@@ -112,22 +113,7 @@ class SlurmQueueConfig(Config):
     @field_validator("signal_before_timeout")
     @classmethod
     def _check_signal(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        field = "signal_before_timeout"
-        if ":" in value:
-            raise ConfigurationError(
-                field,
-                value,
-                "give '<signal>@<seconds>' without a prefix; it goes to the batch shell",
-            )
-        spec = validate_sbatch_signal(field, value)
-        name = spec.partition("@")[0]
-        if name in _UNDRAINABLE_SIGNALS:
-            raise ConfigurationError(
-                field, value, "KILL and STOP cannot be handled, so they give no drain window"
-            )
-        return f"{name}@{signal_lead_seconds(spec)}"
+        return None if value is None else validate_drain_signal_spec("signal_before_timeout", value)
 
     @field_validator("extra_sbatch_directives")
     @classmethod
@@ -136,30 +122,7 @@ class SlurmQueueConfig(Config):
 
     @model_validator(mode="after")
     def _check_times(self) -> SlurmQueueConfig:
-        limit = parse_duration(self.time_limit)
-        minimum = parse_duration(self.time_min) if self.time_min is not None else None
-        lead = (
-            signal_lead_seconds(self.signal_before_timeout)
-            if self.signal_before_timeout is not None
-            else None
-        )
-        if limit is not None and minimum is not None and minimum > limit:
-            raise ConfigurationError(
-                "time_min", self.time_min, f"must not exceed time_limit={self.time_limit!r}"
-            )
-        if lead is not None and limit is not None and lead >= limit:
-            raise ConfigurationError(
-                "signal_before_timeout",
-                self.signal_before_timeout,
-                f"the lead time ({lead} s) must be shorter than time_limit={self.time_limit!r}",
-            )
-        if lead is not None and minimum is not None and minimum <= lead:
-            raise ConfigurationError(
-                "time_min",
-                self.time_min,
-                f"must be longer than the signal's lead time ({lead} s, "
-                f"signal_before_timeout={self.signal_before_timeout!r})",
-            )
+        check_time_combination(self.time_limit, self.time_min, self.signal_before_timeout)
         return self
 
     def to_sbatch_spec(self, job_name: str, script_path: str, **overrides: Any) -> SbatchSpec:
@@ -193,3 +156,48 @@ class SlurmQueueConfig(Config):
             values["mem"] = values["mem_per_cpu"] = None
         values.update(overrides)
         return SbatchSpec(job_name=job_name, script_path=script_path, **values)
+
+
+def validate_drain_signal_spec(field: str, value: str) -> str:
+    """A ``signal_before_timeout`` value ``<signal>@<seconds>``, normalised (``TERM@60``).
+
+    Without a ``B:``/``R:`` prefix (it always goes to the batch shell), and never KILL or
+    STOP (they cannot be handled, so they give no drain window).
+    """
+    if ":" in value:
+        raise ConfigurationError(
+            field, value, "give '<signal>@<seconds>' without a prefix; it goes to the batch shell"
+        )
+    spec = validate_sbatch_signal(field, value)
+    name = spec.partition("@")[0]
+    if name in _UNDRAINABLE_SIGNALS:
+        raise ConfigurationError(
+            field, value, "KILL and STOP cannot be handled, so they give no drain window"
+        )
+    return f"{name}@{signal_lead_seconds(spec)}"
+
+
+def check_time_combination(
+    time_limit: str | None, time_min: str | None, signal_before_timeout: str | None
+) -> None:
+    """Raise :class:`ConfigurationError` when validated walltime fields contradict each
+    other: ``time_min`` above ``time_limit``, or the signal's lead time not shorter than
+    ``time_limit`` or not shorter than ``time_min``. A None value is not compared."""
+    limit = parse_duration(time_limit) if time_limit is not None else None
+    minimum = parse_duration(time_min) if time_min is not None else None
+    lead = signal_lead_seconds(signal_before_timeout) if signal_before_timeout is not None else None
+    if limit is not None and minimum is not None and minimum > limit:
+        raise ConfigurationError("time_min", time_min, f"must not exceed time_limit={time_limit!r}")
+    if lead is not None and limit is not None and lead >= limit:
+        raise ConfigurationError(
+            "signal_before_timeout",
+            signal_before_timeout,
+            f"the lead time ({lead} s) must be shorter than time_limit={time_limit!r}",
+        )
+    if lead is not None and minimum is not None and minimum <= lead:
+        raise ConfigurationError(
+            "time_min",
+            time_min,
+            f"must be longer than the signal's lead time ({lead} s, "
+            f"signal_before_timeout={signal_before_timeout!r})",
+        )

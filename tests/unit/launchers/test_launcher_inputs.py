@@ -215,7 +215,10 @@ def test_stop_is_rejected_as_drain_signal() -> None:
 def test_unknown_launcher_field_is_rejected_by_name() -> None:
     with pytest.raises(ValidationError, match="pre_start_command") as caught:
         BashLauncher(pre_start_command=["module load x"])  # type: ignore[call-arg]
-    assert "Extra inputs are not permitted" in str(caught.value)
+    assert (
+        "unknown field 'pre_start_command'; did you mean 'pre_start_commands'?"
+        in str(caught.value)
+    )
 
 
 def test_pre_start_commands_with_nul_are_rejected() -> None:

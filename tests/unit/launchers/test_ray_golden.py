@@ -67,7 +67,7 @@ CASES: dict[str, tuple[RayLauncher, ExecutionPlan]] = {
     "ray_hostile_values": (
         RayLauncher(
             node_ip_address_command="/site/bin/ip-of \"$(hostname)\" 'x'",
-            ray_start_args=['--labels={"k": "it\'s"}', "$(reboot)"],
+            ray_start_args=["--labels=k=$(reboot)", "--log-style=$x;id|x"],
             pre_start_commands=["export X='a b'", "echo `id`"],
             working_dir='it\'s a "dir"',
             redis_password="p'w$x",

@@ -228,7 +228,7 @@ def test_explicit_settings_reach_ray_start(cluster: StubCluster) -> None:
         head_node_address="127.0.1.1",
         include_dashboard=False,
         redis_password="s3cret",
-        ray_start_args=["--log-style=record", '--labels={"a": "b c"}'],
+        ray_start_args=["--log-style=record", "--labels=zone=b,rack=c"],
         temp_dir=f"/tmp/dsr-test-{cluster.job_id}",
         working_dir="work dir",
     )
@@ -242,7 +242,7 @@ def test_explicit_settings_reach_ray_start(cluster: StubCluster) -> None:
     assert (opts["num-cpus"], opts["num-gpus"]) == ("1", "2")
     assert opts["include-dashboard"] == "false" and "dashboard-port" not in opts
     assert opts["redis-password"] == "s3cret"
-    assert head[-2:] == ["--log-style=record", '--labels={"a": "b c"}']
+    assert head[-2:] == ["--log-style=record", "--labels=zone=b,rack=c"]
     assert options(cluster.ray_argv("c2"))["address"].startswith("127.0.1.1:")
     assert "Ray head node web UI" not in result.stdout
     assert f"PWD={cluster.job}/work dir" in result.stdout

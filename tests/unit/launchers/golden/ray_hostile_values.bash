@@ -368,8 +368,8 @@ __ds_ray_ip_command='/site/bin/ip-of "$(hostname)" '"'"'x'"'"''
 __ds_ray_pre_start='export X='"'"'a b'"'"'
 echo `id`'
 __ds_ray_extra_args=(
-    '--labels={"k": "it'"'"'s"}'
-    '$(reboot)'
+    '--labels=k=$(reboot)'
+    '--log-style=$x;id|x'
 )
 
 __ds_ray_node_label=""
