@@ -259,7 +259,7 @@ class RunSession:
             script: (self.launcher.render(plan), 0o755),
             server: (render_server(self.paths, token, self.drain_signal,
                                    self.config.heartbeat_timeout), 0o755),
-            self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()}\n", 0o644),
+            self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()} {time.time_ns()}\n", 0o644),
         }
         spec = dataclasses.replace(self.spec, script_path=script)
         scheduler = self.slurm.scheduler()
@@ -405,7 +405,7 @@ class RunSession:
                  {"op": "add", "path": "/heartbeat/at", "value_now": 0}],
                 create=new_session_document(self.job_name, self.run_id),
             ))
-            batch.add(write_file_op(self.paths.heartbeat, f"{host} {pid}\n", makedirs=True))
+            batch.add(write_file_op(self.paths.heartbeat, f"{host} {pid} {time.time_ns()}\n", makedirs=True))
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None:
