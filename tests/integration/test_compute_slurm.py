@@ -159,7 +159,7 @@ def test_scancel_before_the_payload_starts_is_cancelled_not_completed(env, tmp_p
 
     def target():
         outcome["result"] = materialize_one(
-            payload, compute(env, slurm=slurm, pre_deployed_env_path=env_dir),
+            payload, compute(env, slurm=slurm, pre_deployed_env_path=env_dir, env_packages=None),
             raise_on_error=False, extra_env={"DSLURM_TEST_MARK": str(mark)},
         )
 
