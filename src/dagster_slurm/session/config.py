@@ -108,7 +108,9 @@ class SlurmRunAllocationConfig(Config):
         default=600.0,
         description=(
             "Seconds without any supervisor heartbeat after which the allocation cancels "
-            "itself (an orphan ends even where no sensor runs); None disables it."
+            "itself (an orphan ends even where no sensor runs); None disables it. At least "
+            "120 (a shared filesystem may show a heartbeat late), or 5 with "
+            "allow_short_heartbeat_timeout."
         ),
     )
     startup_timeout: float = Field(
