@@ -2,11 +2,14 @@
 
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -117,6 +120,71 @@ def test_cancelled_by_someone_else_is_typed(env, tmp_path):
         env,
     )
     assert "SlurmJobCancelled" in step_failure(result)
+
+
+# An activation that waits: it writes where the job runs, then waits (at most 60 s) for a
+# file 'go' in the job directory, so the job can be cancelled before its payload starts.
+SLOW_ACTIVATION = """\
+pwd > "$DSLURM_TEST_MARK.tmp" && mv -f "$DSLURM_TEST_MARK.tmp" "$DSLURM_TEST_MARK"
+for _i in $(seq 600); do [ -e go ] && break; sleep 0.1; done
+"""
+
+
+def _wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def test_scancel_before_the_payload_starts_is_cancelled_not_completed(env, tmp_path):
+    from dagster_slurm.agent import write_file_op
+
+    slurm = slurm_resource(env)
+    env_dir = f"{slurm.base_path()}/test-envs/slow-activation-{uuid.uuid4().hex[:8]}"
+    mark = Path(env_dir) / "job_dir"
+    slurm.agent().run(write_file_op(f"{env_dir}/activate.sh", SLOW_ACTIVATION, makedirs=True))
+    payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
+    outcome = {}
+
+    def target():
+        outcome["result"] = materialize_one(
+            payload, compute(env, slurm=slurm, pre_deployed_env_path=env_dir, env_packages=None),
+            raise_on_error=False, extra_env={"DSLURM_TEST_MARK": str(mark)},
+        )
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    try:
+        job_dir = Path(_wait_until(lambda: (_read(mark) or "").strip(), 90, "the activation"))
+        rows = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], capture_output=True, text=True,
+                              env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
+        (job_id,) = [r.split("|")[0] for r in rows if r.split("|")[1] == str(job_dir)]
+        subprocess.run(["scancel", job_id], env={"SLURM_CONF": env["SLURM_CONF"]}, check=True)
+        # TERM is the drain signal: the job script records the cancel as a drain...
+        _wait_until(lambda: _read(job_dir / "drain_signal") == "TERM\n", 30, "the drain record")
+    finally:
+        started = (_read(mark) or "").strip()
+        if started:
+            (Path(started) / "go").touch()
+        thread.join(120)
+        shutil.rmtree(env_dir, ignore_errors=True)
+    # ...and skips the payload with status 0; Slurm's CANCELLED still decides
+    assert _read(job_dir / "exit_status") == "0\n"
+    result = outcome["result"]
+    assert not result.success and not result.get_asset_materialization_events()
+    text = step_failure(result)
+    assert "SlurmJobCancelled" in text and "state CANCELLED" in text
 
 
 def test_node_failure_is_typed(env, tmp_path):
@@ -272,23 +340,94 @@ def test_hostile_env_value_reaches_the_payload_literally(env, tmp_path):
     assert not marker.exists()
 
 
+def _our_ssh_connections(port: int) -> set[str]:
+    """Local addresses of the established SSH connections this test process holds."""
+    lines = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    mine = f"pid={os.getpid()},"
+    return {line.split()[2] for line in lines if mine in line}
+
+
+def _sshd_of_other_logins(port: int, ours: set[str]) -> set[int]:
+    """Pids of the sshd processes serving SSH connections that this test process does not
+    hold (other logins of the submitter), where this network namespace shows them."""
+    lines = subprocess.run(["ss", "-Htnp", "state", "established", f"( sport = :{port} )"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    pids: set[int] = set()
+    for line in lines:
+        parts = line.split()
+        if len(parts) > 3 and parts[3] not in ours:
+            pids.update(int(p) for p in re.findall(r"pid=(\d+)", line))
+    return pids
+
+
+def _parent(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def _descends_from(pid: int, roots: set[int]) -> bool:
+    while pid > 1:
+        if pid in roots:
+            return True
+        pid = _parent(pid)
+    return False
+
+
+def _ticks_since_boot() -> int:
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def _processes_started_since(user: str, ticks: int, others: set[int]) -> list[str]:
+    """Live (non-zombie) processes of ``user`` started after ``ticks`` (clock ticks since
+    boot) and not under one of the sshd processes ``others``: what a run of this test can
+    have left behind, whatever else ``user`` runs."""
+    import pwd
+
+    uid = pwd.getpwnam(user).pw_uid
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid != uid:
+                continue
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, started = fields[0], int(fields[19])
+        if state != "Z" and started >= ticks and not _descends_from(int(proc.name), others):
+            found.append(f"{proc.name}: {cmdline.strip()}")
+    return sorted(found)
+
+
 def test_no_process_or_channel_left_after_ten_runs(env, tmp_path, slurm_cluster):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
-
-    def census():
-        """Live processes of the submitter (zombies excluded) and open SSH connections."""
-        ps = subprocess.run(["ps", "-u", slurm_cluster.user, "-o", "stat=,args="],
-                            capture_output=True, text=True).stdout.splitlines()
-        live = sorted(line.split(None, 1)[1] for line in ps if not line.strip().startswith("Z"))
-        ssh = subprocess.run(["ss", "-Htn", "state", "established", f"( dport = :{slurm_cluster.port} )"],
-                             capture_output=True, text=True).stdout.splitlines()
-        return live, len(ssh)
-
-    before = census()
+    # Only what this test starts counts: connections of this process opened during the
+    # runs, and processes of the submitter started during the runs. Other logins of the
+    # submitter, and a previous test's connection still closing, are not ours.
+    connections_before = _our_ssh_connections(slurm_cluster.port)
+    started = _ticks_since_boot()
     for _ in range(10):
         assert materialize_one(payload, compute(env)).success
-    time.sleep(1)
-    assert census() == before
+
+    def leftovers():
+        ours = _our_ssh_connections(slurm_cluster.port)
+        others = _sshd_of_other_logins(slurm_cluster.port, ours)
+        return (sorted(ours - connections_before),
+                _processes_started_since(slurm_cluster.user, started, others))
+
+    deadline = time.monotonic() + 15
+    while leftovers() != ([], []) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers() == ([], [])
 
 
 def test_completion_detected_without_accounting(env, tmp_path, slurm_cluster):

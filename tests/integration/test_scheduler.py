@@ -52,6 +52,19 @@ def read(slurm, path):
     return slurm.agent().run(exec_op(["cat", path])).stdout
 
 
+def wait_for_first_line(slurm, path, timeout=60):
+    """The first complete line of ``path`` on the cluster, once it has one."""
+    from dagster_slurm.agent import exec_op
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = slurm.agent().run(exec_op(["head", "-n", "1", path]))
+        if result.rc == 0 and result.stdout.endswith("\n"):
+            return result.stdout.rstrip("\n")
+        time.sleep(0.2)
+    raise AssertionError(f"{path} had no complete line within {timeout} s")
+
+
 def test_submit_runs_as_submitter_and_squeue_parses_a_two_node_job(slurm, job_dir, slurm_cluster):
     name = f"t2n-{uuid.uuid4().hex[:6]}"
     job = submit(
@@ -67,11 +80,13 @@ def test_submit_runs_as_submitter_and_squeue_parses_a_two_node_job(slurm, job_di
         assert rec.comment == job.token, "the submission token must travel in the comment"
         assert rec.time_limit_seconds == 300 and rec.time_left_seconds is not None
         assert rec.start_time is not None and rec.end_time is not None
+        # RUNNING in squeue does not mean the script has printed yet: cancel once it has
+        first = wait_for_first_line(slurm, f"{job_dir}/{name}.out")
         slurm.scheduler().cancel([job.job_id])
         final = wait_for(slurm, name, job.job_id, lambda o: o.terminal)
         assert final.state is JobState.CANCELLED
         out = read(slurm, f"{job_dir}/{name}.out").splitlines()
-        assert out[0] == slurm_cluster.user
+        assert first == out[0] == slurm_cluster.user
     finally:
         slurm.scheduler().cancel(job_name=name)
 
@@ -100,6 +115,27 @@ def test_finished_job_detected_from_status_file_when_accounting_is_off(slurm, jo
     watcher.track(job.job_id, name, status_file=status)
     final = watcher.wait(job.job_id, timeout=60)
     assert final.terminal and final.exit_code == 7
+
+
+def test_cancelled_job_with_status_file_zero_is_cancelled_after_it_left_squeue(slurm, job_dir):
+    """The status file says 0 (as after a drain), Slurm says CANCELLED: Slurm wins, also once
+    squeue no longer lists the job."""
+    name = f"tcxl-{uuid.uuid4().hex[:6]}"
+    status = f"{job_dir}/{name}.status"
+    job = submit(slurm, job_dir, name, f"echo 0 > {status}; echo wrote; sleep 300", partition="cpu")
+    try:
+        wait_for_first_line(slurm, f"{job_dir}/{name}.out")
+        slurm.scheduler().cancel([job.job_id])
+        assert wait_for(slurm, name, job.job_id, lambda o: o.terminal).state is JobState.CANCELLED
+        # Tracked under a name squeue does not list: the view after Slurm purged the job
+        # (MinJobAge), when only accounting and the status file are left.
+        watcher = JobWatcher(slurm.scheduler())
+        watcher.track(job.job_id, f"{name}-purged", status_file=status)
+        final = watcher.wait(job.job_id, timeout=60)
+        assert final.exit_code == 0, "the status file is read"
+        assert final.state is JobState.CANCELLED and final.source == "sacct"
+    finally:
+        slurm.scheduler().cancel(job_name=name)
 
 
 def test_test_only_for_a_runnable_and_an_unrunnable_candidate(slurm, job_dir):

@@ -13,12 +13,15 @@ start on the login node. Guarantees:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
 
 from dagster_slurm.errors import TransportError
 from dagster_slurm.transport.base import Stream, Transport
+
+log = logging.getLogger("dagster_slurm.agent")
 
 #: Returned by :meth:`AgentStreamPool.request` when the program is not installed yet.
 NOT_INSTALLED = object()
@@ -68,8 +71,9 @@ class AgentStreamPool:
         if stream is not None:
             try:
                 stream.close()
-            except Exception:  # noqa: BLE001 - the stream is already broken
-                pass
+            except Exception as exc:  # noqa: BLE001 - logged; the stream is discarded either way
+                log.debug("closing a broken agent stream failed (%s: %s); it is dropped",
+                          type(exc).__name__, exc)
         with self._cond:
             self._open -= 1
             self._cond.notify()
@@ -114,8 +118,9 @@ class AgentStreamPool:
         for stream in idle:
             try:
                 stream.close()
-            except Exception:  # noqa: BLE001 - best effort on shutdown
-                pass
+            except Exception as exc:  # noqa: BLE001 - logged; the pool is closing anyway
+                log.debug("closing an idle agent stream failed (%s: %s); it is dropped",
+                          type(exc).__name__, exc)
 
 
 def _wait_exit(stream: Stream, seconds: float = 5.0) -> int | None:

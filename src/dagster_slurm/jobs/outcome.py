@@ -37,15 +37,18 @@ def outcome_error(state: JobState | None, outcome: JobOutcome) -> SlurmJobError 
 
     A step killed by slurmstepd for exceeding its memory (its message in the job's stderr)
     is :class:`SlurmJobOutOfMemory` whatever the state. A state that names a cause (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED, ...) wins over
-    the exit code, because the exit code of a killed payload (143, 137) says less. A payload
-    exit code of 0 with state COMPLETED is success; any other exit code is
-    :class:`SlurmJobNonZeroExit`; no state at all is :class:`SlurmJobLost`.
+    the exit code, because the exit code of a killed payload (143, 137) says less: a job
+    Slurm cancelled, timed out or preempted is an error even when its status file says 0 (a
+    TERM before the payload starts is recorded as a drain, exit 0). A payload exit code of 0
+    with state COMPLETED is success; any other exit code is :class:`SlurmJobNonZeroExit`.
+    An unknown state (None) is never success: :class:`SlurmJobLost` saying so, or
+    :class:`SlurmJobNonZeroExit` when the payload reported a non-zero code.
     """
-    if state is None:
+    if state is None or state is JobState.UNKNOWN:
+        if outcome.exit_code not in (0, None):
+            return SlurmJobNonZeroExit(outcome, "the job's final state is unknown")
         if outcome.exit_code == 0:
-            return None
-        if outcome.exit_code is not None:
-            return SlurmJobNonZeroExit(outcome)
+            return SlurmJobLost(outcome, _UNKNOWN_WITH_ZERO)
         return SlurmJobLost(outcome, "neither the scheduler nor accounting knows how it ended")
     if state in (JobState.FAILED, JobState.CANCELLED) and any(
         marker in outcome.stderr_tail for marker in _MEMORY_KILL_MARKERS
@@ -61,6 +64,13 @@ def outcome_error(state: JobState | None, outcome: JobOutcome) -> SlurmJobError 
     if outcome.exit_code == 0 and state is JobState.FAILED:
         return SlurmJobNonZeroExit(outcome, "the payload exited 0 but the job script failed")
     return SlurmJobNonZeroExit(outcome, f"job ended in state {state.value}")
+
+
+_UNKNOWN_WITH_ZERO = (
+    "the job's final state is unknown (neither squeue nor accounting reports it), so its "
+    "status file's exit code 0 is not taken as success: a job Slurm cancelled, timed out or "
+    "preempted can leave one; check `sacct -j <id> -o State,ExitCode`"
+)
 
 
 def _advice(state: JobState) -> str:

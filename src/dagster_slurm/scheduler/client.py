@@ -83,9 +83,10 @@ class JobObservation:
     """What is known about one job at one poll.
 
     ``state`` is None when nothing could be observed (the scheduler did not answer, or the
-    job left the queue and accounting has no record). ``exit_code`` comes from the job's
-    status file when the library wrote one, else from accounting; None when unknown.
-    ``source`` says where ``state`` came from: ``squeue``, ``sacct`` or ``status_file``.
+    job left the queue and accounting has no record); a status file never supplies a state,
+    since a job Slurm cancelled, timed out or preempted can leave one saying 0. ``exit_code``
+    comes from the job's status file when the library wrote one, else from accounting; None
+    when unknown. ``source`` says where ``state`` came from: ``squeue`` or ``sacct``.
     """
 
     job_id: str
@@ -141,10 +142,7 @@ class StatusSnapshot:
             )
         if acct is not None and acct.state is not JobState.UNKNOWN:
             return JobObservation(job_id, acct.state, None, acct.start_time, code, "sacct", None, acct)
-        if job_id in self.exit_codes and code is not None and job_id in self.absent:
-            # Left the queue, accounting silent: the library's own status file decides.
-            state = JobState.COMPLETED if code == 0 else JobState.FAILED
-            return JobObservation(job_id, state, None, None, code, "status_file")
+        # Left the queue, accounting silent: the state is unknown, whatever a status file says.
         return JobObservation(job_id, None, exit_code=code)
 
 

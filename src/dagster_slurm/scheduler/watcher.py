@@ -3,7 +3,8 @@
 A :class:`JobWatcher` tracks the jobs of one or more job names. Every poll is one agent
 request: one ``squeue`` for all tracked names (every state, so a final state stays visible
 until Slurm purges the job after ``MinJobAge``), the jobs' exit-status files, and one
-batched ``sacct`` only for tracked jobs that have left ``squeue`` without a status file.
+batched ``sacct`` only for tracked jobs that have left ``squeue``. The scheduler's state
+decides how a job ended; a status file only gives the exit code.
 The interval backs off while nothing changes and resets on a change; it is kept below half
 of ``MinJobAge`` once that is known, so a final state is normally read from ``squeue``
 itself. Threads waiting on different jobs share polls: a poll younger than the current
@@ -122,6 +123,13 @@ class JobWatcher:
         snapshot = self.poll()
         observation = snapshot.job(job_id)
         if observation.state is None and self._unseen.get(job_id, 0) >= LOST_AFTER_POLLS:
+            if observation.exit_code is not None:
+                raise JobLost(
+                    f"job {job_id} left the queue and accounting has no final state for it; "
+                    f"its status file says exit code {observation.exit_code}, which is not "
+                    "taken as its outcome (a job Slurm cancelled, timed out or preempted can "
+                    "leave one), so how it ended is unknown"
+                )
             raise JobLost(
                 f"job {job_id} left the queue and neither its status file nor accounting "
                 "reports how it ended"

@@ -59,6 +59,13 @@ SHAPE_FIELDS: tuple[str, ...] = (
 )
 
 
+#: Shortest ``heartbeat_timeout`` (seconds) accepted without ``allow_short_heartbeat_timeout``:
+#: a shared filesystem may show a new heartbeat to the compute node up to a minute late (NFS
+#: attribute and directory caches: ``acregmax``/``acdirmax`` default to 60 s), so a shorter
+#: limit can end a live run. 120 s leaves that minute plus several beats of margin.
+MIN_SHARED_FS_HEARTBEAT_TIMEOUT = 120.0
+
+
 class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
     """The allocation a run-scoped session submits once and shares between the run's steps.
 
@@ -105,11 +112,21 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         default=15.0,
         description="Seconds between the supervising process's heartbeats to the session.",
     )
+    allow_short_heartbeat_timeout: bool = Field(
+        default=False,
+        description=(
+            "Accept a heartbeat_timeout below 120 s (down to 5 s). Only where the session "
+            "directory's filesystem shows a write to every node at once: a single-host test "
+            "cluster, local disk, NFS mounted with noac or actimeo=0."
+        ),
+    )
     heartbeat_timeout: float | None = Field(
         default=600.0,
         description=(
             "Seconds without any supervisor heartbeat after which the allocation cancels "
-            "itself (an orphan ends even where no sensor runs); None disables it."
+            "itself (an orphan ends even where no sensor runs); None disables it. At least "
+            "120 (a shared filesystem may show a heartbeat late), or 5 with "
+            "allow_short_heartbeat_timeout."
         ),
     )
     startup_timeout: float = Field(
@@ -162,10 +179,20 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
 
     @field_validator("heartbeat_timeout")
     @classmethod
-    def _timeout(cls, value: float | None) -> float | None:
+    def _timeout(cls, value: float | None, info: Any) -> float | None:
         if value is not None and value < 5:
             raise ConfigurationError(
                 "heartbeat_timeout", value, "must be at least 5 seconds (or None to disable)"
+            )
+        short_ok = bool(info.data.get("allow_short_heartbeat_timeout"))
+        if value is not None and value < MIN_SHARED_FS_HEARTBEAT_TIMEOUT and not short_ok:
+            raise ConfigurationError(
+                "heartbeat_timeout", value,
+                f"must be at least {MIN_SHARED_FS_HEARTBEAT_TIMEOUT:g} seconds: a shared "
+                "filesystem may show a heartbeat to the compute node up to a minute late "
+                "(NFS attribute caching), and a shorter limit can cancel a live run. Use 120 "
+                "or more, None to disable, or set allow_short_heartbeat_timeout=True where the "
+                "session directory is on a filesystem without such caching",
             )
         return value
 

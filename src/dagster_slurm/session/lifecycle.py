@@ -8,10 +8,15 @@ final or cancelling status, or every planned step has finished (success, failure
 skipped) or can never start (it depends on a failed step). When a step process leaves while the run goes on, its heartbeat stops; the
 allocation then lives on for the next step, and ends by its dead-man's switch
 (``heartbeat_timeout``) if no step comes.
+
+When the instance cannot be read, the answer is unknown and the allocation is kept: a
+teardown never cancels an allocation other steps may still need on a guess. The run's
+last teardown, the orphan sensor or the dead-man's switch ends it later.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -21,6 +26,8 @@ from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.session import RunSession, session_digest
+
+log = logging.getLogger("dagster_slurm.session")
 
 _SESSIONS: dict[tuple[int, str], RunSession] = {}
 _SESSIONS_LOCK = threading.Lock()
@@ -101,9 +108,11 @@ def _downstream_of(snapshot: Any, failed: set[str]) -> set[str]:
     return doomed
 
 
-def run_is_over(instance: Any, run_id: str | None) -> tuple[bool, str]:
+def run_is_over(instance: Any, run_id: str | None) -> tuple[bool | None, str]:
     """``(over, why)``: whether the Dagster run ``run_id`` will start no further step.
 
+    ``over`` is True when the run will start no further step, False while steps remain,
+    and None when the instance could not be read (unknown: never a reason to cancel).
     Without an instance or run id (a resource used outside a run) the answer is "over": the
     process that opened the session is the only one that knows about it.
     """
@@ -125,8 +134,8 @@ def run_is_over(instance: Any, run_id: str | None) -> tuple[bool, str]:
         finished = {key for key, value in statuses.items() if value in _FINISHED_STEP_STATUSES}
         failed = {key for key, value in statuses.items() if value == "FAILURE"}
         finished |= _downstream_of(snapshot, failed)  # never started: their upstream failed
-    except Exception as exc:  # noqa: BLE001 - when in doubt, end the allocation
-        return True, f"the run's state could not be read ({exc})"
+    except Exception as exc:  # noqa: BLE001 - unknown, reported as None and logged by the caller
+        return None, f"the run's state could not be read ({type(exc).__name__}: {exc})"
     remaining = planned - finished
     if not remaining:
         return True, "every step of the run has finished"
@@ -140,8 +149,8 @@ def run_id_of(context: Any) -> str | None:
         run_id = getattr(run, "run_id", None)
         if isinstance(run_id, str):
             return run_id
-    except Exception:  # noqa: BLE001, S110 - contexts without a run
-        pass
+    except Exception as exc:  # noqa: BLE001 - logged; the run id attribute is asked next
+        log.debug("context has no readable run (%s: %s); trying its run_id", type(exc).__name__, exc)
     value = getattr(context, "run_id", None)
     return value if isinstance(value, str) else None
 
@@ -162,11 +171,29 @@ def close_run_sessions(context: Any) -> None:
             session.close(cancel=True, reason="the step was interrupted", logger=logger)
         elif over:
             session.close(cancel=True, reason=why, logger=logger)
+        elif over is None:
+            session.close(cancel=False)
+            _tell(logger, "warning",
+                  f"Run allocation of {session.job_name} kept: whether the run is over is "
+                  f"unknown ({why}); it ends with a later teardown of the run, the orphan "
+                  f"sensor, or {_switch(session)}")
         else:
             session.close(cancel=False)
-            if logger is not None:
-                logger.info(
-                    f"Run allocation of {session.job_name} kept for the run's other steps ({why}); "
-                    f"it ends with the run, or {session.config.heartbeat_timeout} s after the "
-                    "last heartbeat"
-                )
+            _tell(logger, "info",
+                  f"Run allocation of {session.job_name} kept for the run's other steps ({why}); "
+                  f"it ends with the run, or {_switch(session)}")
+
+
+def _switch(session: RunSession) -> str:
+    """How the session's dead-man's switch ends it, in words."""
+    timeout = session.config.heartbeat_timeout
+    if timeout is None:
+        return "by hand (`scancel`): its dead-man's switch is off (heartbeat_timeout=None)"
+    return f"{timeout} s after the last heartbeat"
+
+
+def _tell(logger: Any, level: str, message: str) -> None:
+    """``message`` to the Dagster ``logger`` when there is one, and always to this module's log."""
+    getattr(log, level)(message)
+    if logger is not None:
+        getattr(logger, level)(message)

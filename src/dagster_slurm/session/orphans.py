@@ -78,24 +78,52 @@ def _last_sign_of_life(doc: dict[str, Any]) -> float | None:
     return max(known) if known else None
 
 
+class _Unknown(Exception):
+    """The instance could not say what a session's run is doing; ``args[0]`` says why."""
+
+
 def _quiet_for(instance: Any, run_id: str) -> float | None:
-    """Seconds since the run's last event in the instance (None when it has none)."""
+    """Seconds since the run's last event in the instance (None when it has none).
+
+    Raises :class:`_Unknown` when the events cannot be read: a run whose activity is
+    unknown is never judged quiet.
+    """
     try:
         records = instance.get_records_for_run(run_id, ascending=False, limit=1).records
-    except Exception:  # noqa: BLE001 - an instance without the query: heartbeat alone decides
-        return None
+    except Exception as exc:  # noqa: BLE001 - turned into _Unknown, which keeps the session
+        raise _Unknown(f"its events could not be read ({type(exc).__name__}: {exc})") from exc
     if not records:
         return None
     return max(0.0, time.time() - records[0].event_log_entry.timestamp)
 
 
+def _run_of(instance: Any, run_id: str) -> Any:
+    """The instance's run ``run_id`` (None when the instance does not know it); raises
+    :class:`_Unknown` when the instance cannot be read."""
+    try:
+        return instance.get_run_by_id(run_id)
+    except Exception as exc:  # noqa: BLE001 - turned into _Unknown, which keeps the session
+        raise _Unknown(f"the run could not be read ({type(exc).__name__}: {exc})") from exc
+
+
 def _judge(instance: Any, doc: dict[str, Any], now: float,
            heartbeat_timeout: float) -> tuple[str, Any] | None:
-    """``(reason, run or None)`` when the open session ``doc`` is a candidate orphan."""
+    """``(reason, run or None)`` when the open session ``doc`` is a candidate orphan; None
+    when it is not, or when the instance cannot tell (logged: the session is kept)."""
     run_id, job_name = doc.get("run_id"), doc.get("job_name")
     if not run_id or not job_name:
         return None
-    run = instance.get_run_by_id(run_id)
+    try:
+        return _judge_run(instance, run_id, doc, now, heartbeat_timeout)
+    except _Unknown as unknown:
+        log.warning("run session %s (run %s) kept: %s; the next reconciliation or its "
+                    "dead-man's switch decides", job_name, run_id, unknown.args[0])
+        return None
+
+
+def _judge_run(instance: Any, run_id: str, doc: dict[str, Any], now: float,
+               heartbeat_timeout: float) -> tuple[str, Any] | None:
+    run = _run_of(instance, run_id)
     if run is None:
         return None  # another deployment's run: not ours to judge
     status = getattr(run.status, "value", str(run.status))

@@ -280,7 +280,7 @@ class RunSession:
             script: (self.launcher.render(plan), 0o755),
             server: (render_server(self.paths, token, self.drain_signal,
                                    self.config.heartbeat_timeout), 0o755),
-            self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()}\n", 0o644),
+            self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()} {time.time_ns()}\n", 0o644),
         }
         spec = dataclasses.replace(self.spec, script_path=script)
         try:
@@ -412,7 +412,8 @@ class RunSession:
         host, pid = socket.gethostname(), os.getpid()
         change = tr.beat(None, host=host, pid=pid)
         assert isinstance(change, tr.Change)
-        self.io.beat(change, f"{host} {pid}\n")
+        # new content every beat: the step server judges how long the content is unchanged
+        self.io.beat(change, f"{host} {pid} {time.time_ns()}\n")
 
     def _start_heartbeat(self) -> None:
         if self._heartbeat is None:

@@ -14,8 +14,11 @@
 #     steps only; after it, every new request is answered "drained, exit 0" without
 #     starting anything (draining is permanent for the allocation);
 #   * a step whose srun ended without the step writing its status gets srun's status;
-#   * with a heartbeat limit, the allocation cancels itself once the supervisors'
-#     heartbeat file has not been touched for that many seconds (its own dead-man's switch);
+#   * with a heartbeat limit, the allocation cancels itself once the CONTENT of the
+#     supervisors' heartbeat file (each beat writes a new value) has not changed for that
+#     many seconds, measured by this server's own monotonic clock (its dead-man's switch).
+#     The file's mtime is never read: on a shared filesystem it may be cached for up to a
+#     minute, and it comes from another machine's clock;
 #   * TERM, INT or HUP that is not the drain signal: the steps get TERM, the server leaves.
 set -u
 
@@ -32,7 +35,9 @@ __ss_head=${SLURMD_NODENAME:-$(hostname)}
 __ss_drained=""
 __ss_leaving=""
 __ss_started=$(date +%s)
+__ss_now=0
 __ss_last_check=0
+__ss_heartbeat_seen=""
 declare -A __ss_pids=()
 declare -A __ss_status=()
 declare -A __ss_killed_at=()
@@ -40,6 +45,20 @@ declare -A __ss_killed_at=()
 __ss_log() {
     printf 'dagster-slurm: step server: %s\n' "$*" >&2
 }
+
+# Seconds since boot into __ss_now: a monotonic clock, unmoved by changes of the node's
+# wall clock (bash's own SECONDS where /proc/uptime cannot be read). No subprocess.
+__ss_clock() {
+    local up=""
+    { IFS=' ' read -r up _ < /proc/uptime; } 2>/dev/null || :
+    up=${up%%.*}
+    case $up in
+        '' | *[!0-9]*) __ss_now=$SECONDS ;;
+        *) __ss_now=$up ;;
+    esac
+}
+__ss_clock
+__ss_heartbeat_changed=$__ss_now
 
 __ss_write_atomic() {
     printf '%s\n' "$2" > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"
@@ -131,7 +150,8 @@ __ss_reap() {
 # Cancel requests: TERM to the step's srun at once, KILL 10 s later.
 __ss_cancels() {
     local file id now
-    now=$(date +%s)
+    __ss_clock
+    now=$__ss_now
     for file in "$__ss_requests"/*.cancel; do
         [ -e "$file" ] || continue
         id=${file##*/}
@@ -150,18 +170,24 @@ __ss_cancels() {
     done
 }
 
-# The dead-man's switch: no heartbeat for longer than the limit cancels the allocation.
+# The dead-man's switch: heartbeat content unchanged for longer than the limit (by this
+# server's monotonic clock) cancels the allocation. The content read when the server starts
+# counts as a change then; a missing or empty file is no change.
 __ss_check_heartbeat() {
-    local now last age
+    local content="" age
     [ -n "$__ss_heartbeat_timeout" ] || return 0
-    now=$(date +%s)
-    [ $((now - __ss_last_check)) -ge 2 ] || return 0
-    __ss_last_check=$now
-    last=$(stat -c %Y -- "$__ss_heartbeat_file" 2>/dev/null) || last=$__ss_started
-    [ "$last" -ge "$__ss_started" ] || last=$__ss_started
-    age=$((now - last))
+    __ss_clock
+    [ $((__ss_now - __ss_last_check)) -ge 2 ] || return 0
+    __ss_last_check=$__ss_now
+    { IFS= read -r content < "$__ss_heartbeat_file"; } 2>/dev/null || :
+    if [ -n "$content" ] && [ "$content" != "$__ss_heartbeat_seen" ]; then
+        __ss_heartbeat_seen=$content
+        __ss_heartbeat_changed=$__ss_now
+    fi
+    age=$((__ss_now - __ss_heartbeat_changed))
     if [ "$age" -gt "$__ss_heartbeat_timeout" ]; then
-        __ss_log "no supervisor heartbeat for $age s (limit $__ss_heartbeat_timeout s);" \
+        __ss_log "no supervisor heartbeat for $age s (the heartbeat file's content has not" \
+            "changed; limit $__ss_heartbeat_timeout s);" \
             "cancelling allocation $__ss_job"
         __ss_write_atomic "$__ss_job_dir/ended_by" "heartbeat"
         scancel "$__ss_job" 2>/dev/null || :

@@ -83,11 +83,12 @@ def test_job_status_runs_squeue_once_and_one_batched_sacct(
     assert result.absent_ids == ("103", "104", "105")
     assert result.status_files["104"].exists and result.status_files["104"].data == "exit=0\n"
     assert not result.status_files["105"].exists
-    assert result.sacct_ids == ("103", "105")
+    # a status file does not spare sacct: the scheduler's final state decides how a job ended
+    assert result.sacct_ids == ("103", "104", "105")
     assert result.sacct is not None and result.sacct.stdout == "103|COMPLETED\n"
     assert calls.read_text().splitlines() == [
         "squeue -h -o %i|%T|%k",
-        "sacct -n -P --jobs=103,105",
+        "sacct -n -P --jobs=103,104,105",
     ]
 
 

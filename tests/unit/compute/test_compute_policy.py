@@ -12,6 +12,7 @@ from dagster_slurm.compute.errors import (
     SlurmJobLost,
     SlurmJobNonZeroExit,
     SlurmJobOutOfMemory,
+    SlurmJobPreempted,
     SlurmJobTimeout,
     SlurmNodeFailure,
 )
@@ -54,13 +55,35 @@ def test_pending_without_estimate_and_fatal_reasons():
         (JobState.NODE_FAIL, None, "", SlurmNodeFailure),
         (JobState.CANCELLED, None, "", SlurmJobCancelled),
         (None, None, "", SlurmJobLost),
-        (None, 0, "", None),
+        (None, 0, "", SlurmJobLost),  # unknown is never success, whatever the status file says
         (None, 4, "", SlurmJobNonZeroExit),
     ],
 )
 def test_outcome_classification(state, code, stderr, expected):
     error = outcome_error(state, JobOutcome("9", state.value if state else None, code, "", stderr))
     assert (error is None) if expected is None else isinstance(error, expected)
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (JobState.CANCELLED, SlurmJobCancelled),
+        (JobState.TIMEOUT, SlurmJobTimeout),
+        (JobState.PREEMPTED, SlurmJobPreempted),
+        (JobState.DEADLINE, SlurmJobPreempted),
+    ],
+)
+def test_scheduler_state_wins_over_a_drained_status_file_with_exit_zero(state, expected):
+    # the job script recorded a drain and exit 0 (TERM before the payload started)
+    outcome = JobOutcome("9", state.value, 0, "", "dagster-slurm: drain signal TERM received")
+    assert isinstance(outcome_error(state, outcome), expected)
+
+
+@pytest.mark.parametrize("state", [None, JobState.UNKNOWN])
+def test_unknown_state_with_exit_zero_is_an_error_saying_the_state_is_unknown(state):
+    error = outcome_error(state, JobOutcome("9", None, 0))
+    assert isinstance(error, SlurmJobLost)
+    assert "final state is unknown" in str(error) and "not taken as success" in str(error)
 
 
 def test_error_message_carries_tails():

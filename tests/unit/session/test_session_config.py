@@ -150,7 +150,10 @@ def test_bad_timing_values_name_the_field(kwargs: dict[str, Any], expected: str)
 
 
 def test_heartbeat_timeout_of_five_seconds_or_none_is_accepted() -> None:
-    assert SlurmRunAllocationConfig(heartbeat_timeout=5, heartbeat_interval=2).heartbeat_timeout == 5
+    config = SlurmRunAllocationConfig(
+        heartbeat_timeout=5, heartbeat_interval=2, allow_short_heartbeat_timeout=True
+    )
+    assert config.heartbeat_timeout == 5
     config = SlurmRunAllocationConfig(heartbeat_timeout=None, heartbeat_interval=1000)
     assert config.queue_for(_queue()).partition == "cpu"  # no heartbeat check without timeout
 
@@ -159,12 +162,32 @@ def test_heartbeat_timeout_of_five_seconds_or_none_is_accepted() -> None:
 def test_heartbeat_timeout_must_exceed_twice_the_interval(timeout: float) -> None:
     # checked when the configuration is built, before any session exists
     with pytest.raises(ValueError, match="heartbeat_timeout") as caught:
-        SlurmRunAllocationConfig(heartbeat_timeout=timeout, heartbeat_interval=10)
+        SlurmRunAllocationConfig(heartbeat_timeout=timeout, heartbeat_interval=10,
+                                 allow_short_heartbeat_timeout=True)
     assert "heartbeat_interval" in str(caught.value) and repr(timeout) in str(caught.value)
 
 
 def test_heartbeat_timeout_just_above_twice_the_interval_is_accepted() -> None:
-    SlurmRunAllocationConfig(heartbeat_timeout=20.5, heartbeat_interval=10).queue_for(_queue())
+    SlurmRunAllocationConfig(
+        heartbeat_timeout=20.5, heartbeat_interval=10, allow_short_heartbeat_timeout=True
+    ).queue_for(_queue())
+
+
+@pytest.mark.parametrize("timeout", [5.0, 60.0, 119.9])
+def test_heartbeat_timeout_too_short_for_a_shared_filesystem_is_refused(timeout: float) -> None:
+    message = _validation_message(heartbeat_timeout=timeout, heartbeat_interval=1)
+    assert f"heartbeat_timeout={timeout!r}" in message
+    assert "at least 120 seconds" in message and "allow_short_heartbeat_timeout" in message
+
+
+def test_heartbeat_timeout_of_the_shared_filesystem_minimum_is_accepted() -> None:
+    assert SlurmRunAllocationConfig(heartbeat_timeout=120).heartbeat_timeout == 120
+
+
+def test_short_heartbeat_timeout_still_has_a_floor_with_the_escape_hatch() -> None:
+    message = _validation_message(heartbeat_timeout=4, heartbeat_interval=1,
+                                  allow_short_heartbeat_timeout=True)
+    assert "heartbeat_timeout=4" in message and "at least 5 seconds" in message
 
 
 def test_time_min_above_time_limit_names_time_min() -> None:

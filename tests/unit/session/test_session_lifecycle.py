@@ -182,9 +182,10 @@ def test_a_step_up_for_retry_is_not_finished() -> None:
     assert not run_is_over(inst, "r")[0]
 
 
-def test_unreadable_run_state_means_over() -> None:
+def test_unreadable_run_state_is_unknown_not_over() -> None:
     over, why = run_is_over(FakeInstance("STARTED", ["a"], {}, fail=True), "r")
-    assert over and "could not be read" in why and "storage unavailable" in why
+    assert over is None
+    assert "could not be read" in why and "storage unavailable" in why
 
 
 # -- run_id_of ---------------------------------------------------------------------------------
@@ -305,6 +306,26 @@ def test_session_is_kept_while_the_run_goes_on(run_id: str) -> None:
     assert level == "info"
     assert session.job_name in message and "600.0 s" in message
     assert "1 step(s)" in message
+
+
+def test_unknown_run_state_keeps_the_allocation_and_says_why(run_id: str) -> None:
+    session = _register(run_id, f"{run_id}|k")
+    log = FakeLog()
+    close_run_sessions(_context(run_id, FakeInstance("STARTED", ["a"], {}, fail=True), log))
+    assert [c["cancel"] for c in session.closed] == [False]  # heartbeat stopped, job kept
+    (level, message), = log.lines
+    assert level == "warning"
+    assert session.job_name in message and "unknown" in message
+    assert "storage unavailable" in message and "600.0 s after the last heartbeat" in message
+
+
+def test_unknown_run_state_without_dead_mans_switch_says_it_needs_scancel(run_id: str) -> None:
+    session = _register(run_id, f"{run_id}|k")
+    session.config = SimpleNamespace(heartbeat_timeout=None)
+    log = FakeLog()
+    close_run_sessions(_context(run_id, FakeInstance("STARTED", ["a"], {}, fail=True), log))
+    assert [c["cancel"] for c in session.closed] == [False]
+    assert "scancel" in log.lines[0][1] and "heartbeat_timeout=None" in log.lines[0][1]
 
 
 def test_each_session_is_closed_once_and_other_runs_are_untouched(run_id: str) -> None:

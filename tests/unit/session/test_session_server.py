@@ -404,26 +404,93 @@ def test_stale_heartbeat_cancels_the_allocation(tmp_path: Path) -> None:
         assert "no supervisor heartbeat" in server.log()
 
 
-def test_fresh_heartbeat_keeps_the_allocation(tmp_path: Path) -> None:
-    def heartbeat_file(paths: SessionPaths) -> None:
-        Path(paths.heartbeat).write_text("login 1\n")
-
+@contextmanager
+def beating(server: Server, beat: Callable[[int], None]) -> Iterator[None]:
+    """Call ``beat(n)`` every 0.5 s (n = 1, 2, ...) while the block runs."""
     stop = threading.Event()
-    with step_server(tmp_path, heartbeat_timeout=5, before_start=heartbeat_file) as server:
-        def beat() -> None:
-            while not stop.wait(0.5):
-                os.utime(server.paths.heartbeat)
 
-        beater = threading.Thread(target=beat, daemon=True)
-        beater.start()
-        try:
+    def loop() -> None:
+        n = 0
+        while not stop.wait(0.5):
+            n += 1
+            beat(n)
+
+    beater = threading.Thread(target=loop, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join(timeout=5)
+
+
+def _write_beat(path: str, n: int, *, mtime_offset: float | None = None) -> None:
+    """What a supervisor's beat does: new content, written atomically; optionally the file's
+    mtime moved by ``mtime_offset`` seconds (a shared filesystem's cached or skewed mtime)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(f"login 1 {n}\n")
+    tmp.replace(path)
+    if mtime_offset is not None:
+        when = time.time() + mtime_offset
+        os.utime(path, (when, when))
+
+
+def _assert_alive_for(server: Server, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert not (server.logs / "scancel.args").exists(), server.log()
+        assert server.proc.poll() is None, server.log()
+        time.sleep(0.2)
+
+
+def _first_heartbeat(paths: SessionPaths) -> None:
+    Path(paths.heartbeat).write_text("login 1 0\n")
+
+
+def test_fresh_heartbeat_keeps_the_allocation(tmp_path: Path) -> None:
+    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+        with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
             server.wait_ready()
-            # longer than the limit plus the 2 s check interval, with margin
-            end = time.monotonic() + 9
-            while time.monotonic() < end:
-                assert not (server.logs / "scancel.args").exists(), server.log()
-                assert server.proc.poll() is None, server.log()
-                time.sleep(0.2)
-        finally:
-            stop.set()
-            beater.join(timeout=5)
+            _assert_alive_for(server, 9)  # the limit plus the 2 s check interval, with margin
+
+
+@pytest.mark.parametrize("mtime_offset", [-3600.0, 3600.0])
+def test_changing_content_keeps_the_allocation_whatever_the_mtime(
+    tmp_path: Path, mtime_offset: float
+) -> None:
+    # an mtime an hour old (attribute cache) or an hour ahead (clock skew) is not looked at
+    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+        beat = lambda n: _write_beat(server.paths.heartbeat, n, mtime_offset=mtime_offset)  # noqa: E731
+        with beating(server, beat):
+            server.wait_ready()
+            _assert_alive_for(server, 9)
+
+
+@pytest.mark.parametrize("mtime_offset", [0.0, 3600.0])
+def test_unchanged_content_ends_the_allocation_though_the_file_is_touched(
+    tmp_path: Path, mtime_offset: float
+) -> None:
+    def touch(_n: int) -> None:
+        when = time.time() + mtime_offset
+        os.utime(server.paths.heartbeat, (when, when))
+
+    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+        with beating(server, touch):
+            server.wait_ready()
+            scancel = server.logs / "scancel.args"
+            wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
+    assert scancel.read_text() == f"{JOB_ID}\n"
+    assert read(server.job_dir / "ended_by") == "heartbeat\n"
+    assert "content has not changed" in server.log()
+
+
+def test_heartbeat_that_stops_changing_ends_the_allocation(tmp_path: Path) -> None:
+    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+        with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
+            server.wait_ready()
+            _assert_alive_for(server, 3)
+        stopped = time.monotonic()
+        scancel = server.logs / "scancel.args"
+        wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
+    assert time.monotonic() - stopped >= 5  # the limit counts from the last change
+    assert read(server.job_dir / "ended_by") == "heartbeat\n"

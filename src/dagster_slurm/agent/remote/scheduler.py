@@ -84,7 +84,9 @@ def op_job_status(params: dict, ctx: OpContext) -> dict:
     appended), optional ``status_files`` ({job_id: path}), ``timeout`` per command.
     Returns ``squeue`` (rc/stdout/stderr), ``absent_ids`` (known ids not listed by squeue;
     None when squeue failed), ``status_files`` ({job_id: {exists, data}}), ``sacct_ids`` and
-    ``sacct`` (None when not run). sacct runs only for absent ids without a status file.
+    ``sacct`` (None when not run). sacct runs for every absent id, with a status file or
+    not: the scheduler's final state decides how a job ended (a job cancelled before its
+    payload started leaves a status file saying 0).
     """
     squeue_argv = get_argv(params, "squeue_argv")
     known = params.get("known_ids") or []
@@ -109,10 +111,9 @@ def op_job_status(params: dict, ctx: OpContext) -> dict:
     present = listed_job_ids(result["squeue"]["stdout"], known_ids)
     absent = [i for i in known_ids if i not in present]
     result["absent_ids"] = absent
-    need = [i for i in absent if not result["status_files"].get(i, {}).get("exists")]
-    if params.get("sacct_argv") and need:
-        sacct_argv = get_argv(params, "sacct_argv") + ["--jobs=" + ",".join(need)]
-        result["sacct_ids"] = need
+    if params.get("sacct_argv") and absent:
+        sacct_argv = get_argv(params, "sacct_argv") + ["--jobs=" + ",".join(absent)]
+        result["sacct_ids"] = absent
         result["sacct"] = _run_quietly(sacct_argv, timeout)
     return result
 
