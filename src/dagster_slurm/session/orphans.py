@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import ValidationError
 
 from dagster_slurm.agent import exec_op, read_op, txn_op
-from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
 from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.scheduler.client import StatusSnapshot
 from dagster_slurm.session.paths import SESSIONS_DIR
-from dagster_slurm.state.transitions import Change, close_session
+from dagster_slurm.state.schema import SessionDocument
+from dagster_slurm.state.transitions import Change, close_session, document
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -48,33 +52,97 @@ class OrphanReport:
     run_marked_failed: bool
 
 
-def _session_documents(slurm: SlurmResource) -> Iterator[tuple[str, dict[str, Any], float]]:
-    """``(document path, document, login-node time)`` of every session under the base path."""
-    agent = slurm.agent()
-    root = f"{slurm.base_path()}/{SESSIONS_DIR}"
-    found = agent.run(exec_op(
-        ["find", root, "-mindepth", "2", "-maxdepth", "2", "-name", "allocation.json"], timeout=60
-    ))
-    paths = [p for p in found.stdout.splitlines() if p.strip()]
-    if not paths:
-        return
-    with agent.batch() as batch:
-        reads = [batch.add(read_op(path)) for path in paths]
-    now = batch.response.now if batch.response else 0.0
-    for path, pending in zip(paths, reads, strict=True):
-        try:
-            result = pending.result()
-        except DagsterSlurmError as exc:
-            log.warning("skipping unreadable session document %s: %s", path, exc)
-            continue
-        if result.doc:
-            yield path, result.doc, now
+@dataclass(frozen=True)
+class SessionRecord:
+    """One session document as the reconciliation read it: its ``path`` on the cluster, the
+    typed ``doc``, and the login node's clock at the read (``now``)."""
+
+    path: str
+    doc: SessionDocument
+    now: float
 
 
-def _last_sign_of_life(doc: dict[str, Any]) -> float | None:
-    heartbeat = doc.get("heartbeat") or {}
-    times = [heartbeat.get("at"), (doc.get("allocation") or {}).get("submitted_at"), doc.get("created_at")]
-    known = [float(t) for t in times if isinstance(t, (int, float))]
+class OrphanIO(Protocol):
+    """What the reconciliation asks of the cluster (unit tests give an in-memory one)."""
+
+    def sessions(self) -> list[SessionRecord]:
+        """Every readable session document under the base path (unreadable ones skipped)."""
+
+    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+        """One squeue for the job names."""
+
+    def cancel(self, job_name: str) -> None:
+        """scancel every job of ``job_name``."""
+
+    def apply(self, path: str, change: Change) -> None:
+        """Apply a transition to the document at ``path`` under its lock."""
+
+    def prune(self, session_dirs: Sequence[str]) -> None:
+        """Remove closed sessions' directories."""
+
+
+class AgentOrphanIO:
+    """:class:`OrphanIO` through the agent of ``slurm`` (a SlurmResource): listing and
+    reading the documents is two round trips whatever their number."""
+
+    def __init__(self, slurm: SlurmResource) -> None:
+        self.slurm = slurm
+
+    def sessions(self) -> list[SessionRecord]:
+        agent = self.slurm.agent()
+        root = f"{self.slurm.base_path()}/{SESSIONS_DIR}"
+        found = agent.run(exec_op(
+            ["find", root, "-mindepth", "2", "-maxdepth", "2", "-name", "allocation.json"],
+            timeout=60,
+        ))
+        paths = [p for p in found.stdout.splitlines() if p.strip()]
+        if not paths:
+            return []
+        with agent.batch() as batch:
+            reads = [batch.add(read_op(path)) for path in paths]
+        now = batch.response.now if batch.response else 0.0
+        records = []
+        for path, pending in zip(paths, reads, strict=True):
+            try:
+                doc = document(pending.result().doc)
+            except (DagsterSlurmError, ValidationError) as exc:
+                log.warning("skipping unreadable session document %s (left as it is): %s",
+                            path, exc)
+                continue
+            if doc is not None:
+                records.append(SessionRecord(path, doc, now))
+        return records
+
+    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+        return self.slurm.scheduler().status(list(job_names), accounting=False)
+
+    def cancel(self, job_name: str) -> None:
+        self.slurm.scheduler().cancel(job_name=job_name)
+
+    def apply(self, path: str, change: Change) -> None:
+        lock = path.rsplit("/", 1)[0] + "/lock"
+        self.slurm.agent().run(txn_op(path, lock, change.patch))
+
+    def prune(self, session_dirs: Sequence[str]) -> None:
+        """Remove closed sessions' directories, in one round trip."""
+        from dagster_slurm.agent import remove_op
+
+        root = f"{self.slurm.base_path()}/{SESSIONS_DIR}"
+        with self.slurm.agent().batch() as batch:
+            removals = [batch.add(remove_op(path, root=root)) for path in session_dirs]
+        for path, removal in zip(session_dirs, removals, strict=True):
+            try:
+                removal.result()
+                log.info("removed closed run session %s", path)
+            except DagsterSlurmError as exc:
+                log.warning("could not remove closed run session %s: %s", path, exc)
+
+
+def _last_sign_of_life(doc: SessionDocument) -> float | None:
+    head = doc.allocation
+    times = [doc.heartbeat.at if doc.heartbeat else None,
+             head.submitted_at if head else None, doc.created_at]
+    known = [float(t) for t in times if t is not None]
     return max(known) if known else None
 
 
@@ -82,7 +150,7 @@ class _Unknown(Exception):
     """The instance could not say what a session's run is doing; ``args[0]`` says why."""
 
 
-def _quiet_for(instance: Any, run_id: str) -> float | None:
+def _quiet_for(instance: Any, run_id: str, clock: Callable[[], float] = time.time) -> float | None:
     """Seconds since the run's last event in the instance (None when it has none).
 
     Raises :class:`_Unknown` when the events cannot be read: a run whose activity is
@@ -94,7 +162,7 @@ def _quiet_for(instance: Any, run_id: str) -> float | None:
         raise _Unknown(f"its events could not be read ({type(exc).__name__}: {exc})") from exc
     if not records:
         return None
-    return max(0.0, time.time() - records[0].event_log_entry.timestamp)
+    return max(0.0, clock() - records[0].event_log_entry.timestamp)
 
 
 def _run_of(instance: Any, run_id: str) -> Any:
@@ -106,23 +174,25 @@ def _run_of(instance: Any, run_id: str) -> Any:
         raise _Unknown(f"the run could not be read ({type(exc).__name__}: {exc})") from exc
 
 
-def _judge(instance: Any, doc: dict[str, Any], now: float,
-           heartbeat_timeout: float) -> tuple[str, Any] | None:
+def _judge(instance: Any, doc: SessionDocument, now: float, heartbeat_timeout: float,
+           clock: Callable[[], float] = time.time) -> tuple[str, Any] | None:
     """``(reason, run or None)`` when the open session ``doc`` is a candidate orphan; None
-    when it is not, or when the instance cannot tell (logged: the session is kept)."""
-    run_id, job_name = doc.get("run_id"), doc.get("job_name")
+    when it is not, or when the instance cannot tell (logged: the session is kept).
+    ``now`` is the login node's clock at the read; ``clock`` is the instance's (this
+    machine's) for the age of the run's last event."""
+    run_id, job_name = doc.run_id, doc.job_name
     if not run_id or not job_name:
         return None
     try:
-        return _judge_run(instance, run_id, doc, now, heartbeat_timeout)
+        return _judge_run(instance, run_id, doc, now, heartbeat_timeout, clock)
     except _Unknown as unknown:
         log.warning("run session %s (run %s) kept: %s; the next reconciliation or its "
                     "dead-man's switch decides", job_name, run_id, unknown.args[0])
         return None
 
 
-def _judge_run(instance: Any, run_id: str, doc: dict[str, Any], now: float,
-               heartbeat_timeout: float) -> tuple[str, Any] | None:
+def _judge_run(instance: Any, run_id: str, doc: SessionDocument, now: float,
+               heartbeat_timeout: float, clock: Callable[[], float]) -> tuple[str, Any] | None:
     run = _run_of(instance, run_id)
     if run is None:
         return None  # another deployment's run: not ours to judge
@@ -132,7 +202,7 @@ def _judge_run(instance: Any, run_id: str, doc: dict[str, Any], now: float,
     last = _last_sign_of_life(doc)
     if status not in _UNFINISHED or (last is not None and now - last <= heartbeat_timeout):
         return None
-    quiet = _quiet_for(instance, run_id)
+    quiet = _quiet_for(instance, run_id, clock)
     if quiet is not None and quiet <= heartbeat_timeout:
         return None  # the run still writes events: a step that does not use the session
     age = "never" if last is None else f"{now - last:.0f} s ago"
@@ -141,11 +211,13 @@ def _judge_run(instance: Any, run_id: str, doc: dict[str, Any], now: float,
 
 def reconcile_orphaned_slurm_runs(
     instance: Any,
-    slurm: SlurmResource,
+    slurm: SlurmResource | None = None,
     *,
     heartbeat_timeout: float = 600.0,
     dry_run: bool = False,
     prune_closed_after: float | None = 7 * 86400.0,
+    io: OrphanIO | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> list[OrphanReport]:
     """Cancel the allocations of orphaned run sessions and mark their runs failed.
 
@@ -156,64 +228,68 @@ def reconcile_orphaned_slurm_runs(
     ``dry_run``: report only. ``prune_closed_after``: session directories (document, logs,
     kept step files) of sessions closed longer ago than this many seconds are removed
     (None keeps them). Returns what was (or would be) done about orphans.
+    The cluster is ``slurm`` (or, in tests, ``io``); ``clock`` is this machine's clock.
     """
-    candidates: list[tuple[str, dict[str, Any], str, Any]] = []
-    prunable: list[str] = []
-    for path, doc, now in _session_documents(slurm):
-        closed_at = doc.get("closed_at")
-        if isinstance(closed_at, (int, float)):
-            if prune_closed_after is not None and now - closed_at > prune_closed_after:
-                prunable.append(path.rsplit("/", 1)[0])
-            continue
-        judged = _judge(instance, doc, now, heartbeat_timeout)
-        if judged is not None:
-            candidates.append((path, doc, *judged))
+    if io is None:
+        if slurm is None:
+            raise ConfigurationError("slurm", slurm, "give the SlurmResource of the cluster")
+        io = AgentOrphanIO(slurm)
+    candidates, prunable = _sort_sessions(io, instance, heartbeat_timeout, prune_closed_after,
+                                          clock)
     if prunable and not dry_run:
-        _prune(slurm, prunable)
+        io.prune(prunable)
     if not candidates:
         return []
-    scheduler = slurm.scheduler()
-    snapshot = scheduler.status([doc["job_name"] for _, doc, _, _ in candidates], accounting=False)
+    snapshot = io.queue([record.doc.job_name for record, _, _ in candidates])
     reports = []
-    for path, doc, reason, run in candidates:
+    for record, reason, run in candidates:
+        doc = record.doc
+        if not snapshot.certain:
+            log.warning("run session %s (run %s) kept: the scheduler did not answer (%s); "
+                        "the next reconciliation decides", doc.job_name, doc.run_id,
+                        snapshot.error or "no answer")
+            continue
         live = tuple(
-            job_id for job_id, record in snapshot.queue.items()
-            if record.name == doc["job_name"] and record.state.active
+            job_id for job_id, queued in snapshot.queue.items()
+            if queued.name == doc.job_name and queued.state.active
         )
         if run is None and not live:
             continue  # finished run, nothing left in the queue
-        report = OrphanReport(doc["run_id"], doc["job_name"], live, reason, run is not None)
+        report = OrphanReport(str(doc.run_id), doc.job_name, live, reason, run is not None)
         reports.append(report)
         if dry_run:
             continue
-        _act(instance, slurm, path, doc, report, run)
+        _act(instance, io, record.path, report, run)
     return reports
 
 
-def _prune(slurm: SlurmResource, session_dirs: list[str]) -> None:
-    """Remove closed sessions' directories, in one round trip."""
-    from dagster_slurm.agent import remove_op
+def _sort_sessions(
+    io: OrphanIO, instance: Any, heartbeat_timeout: float, prune_closed_after: float | None,
+    clock: Callable[[], float],
+) -> tuple[list[tuple[SessionRecord, str, Any]], list[str]]:
+    """``(candidates, prunable)``: open sessions judged orphaned (with reason and run), and
+    directories of sessions closed longer than ``prune_closed_after``."""
+    candidates: list[tuple[SessionRecord, str, Any]] = []
+    prunable: list[str] = []
+    for record in io.sessions():
+        doc = record.doc
+        if doc.closed_at is not None:
+            if prune_closed_after is not None and record.now - doc.closed_at > prune_closed_after:
+                prunable.append(record.path.rsplit("/", 1)[0])
+            continue
+        judged = _judge(instance, doc, record.now, heartbeat_timeout, clock)
+        if judged is not None:
+            candidates.append((record, *judged))
+    return candidates, prunable
 
-    root = f"{slurm.base_path()}/{SESSIONS_DIR}"
-    with slurm.agent().batch() as batch:
-        removals = [batch.add(remove_op(path, root=root)) for path in session_dirs]
-    for path, removal in zip(session_dirs, removals, strict=True):
-        try:
-            removal.result()
-            log.info("removed closed run session %s", path)
-        except DagsterSlurmError as exc:
-            log.warning("could not remove closed run session %s: %s", path, exc)
 
-
-def _act(instance: Any, slurm: SlurmResource, path: str, doc: dict[str, Any],
-         report: OrphanReport, run: Any) -> None:
+def _act(instance: Any, io: OrphanIO, path: str, report: OrphanReport, run: Any) -> None:
     log.warning("orphaned run session %s (run %s): %s; cancelling %s", report.job_name,
                 report.run_id, report.reason, ", ".join(report.job_ids) or "nothing queued")
-    slurm.scheduler().cancel(job_name=report.job_name)
-    lock = path.rsplit("/", 1)[0] + "/lock"
+    io.cancel(report.job_name)
     closing = close_session(None, reason=f"orphan: {report.reason}")
     assert isinstance(closing, Change)
-    slurm.agent().run(txn_op(path, lock, closing.patch))
+    io.apply(path, closing)
     if run is not None:
         instance.report_run_failed(
             run,
