@@ -139,7 +139,10 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
 
     def _terminate(self, job: SlurmJob, handle: str, error: BaseException) -> None:
         # Termination, KeyboardInterrupt, an unschedulable job or a broken link: the job must
-        # not outlive the step. A lost job has left the queue: nothing to cancel.
+        # not outlive the step. This cancels the step's own job because the step is failing,
+        # not because the scheduler's answer was unknown: a job left running after its step
+        # failed would still be materialized by nobody and could repeat work on a retry.
+        # A lost job has left the queue: nothing to cancel.
         if not isinstance(error, SlurmJobLost):
             cancel_quietly(job.scheduler, handle, job.context.log)
 

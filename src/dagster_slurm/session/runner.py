@@ -9,6 +9,7 @@ squeue of the allocation every few seconds); one per Pipes tail poll; one for cl
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from collections.abc import Mapping
@@ -37,6 +38,8 @@ from dagster_slurm.session.session import RunSession
 
 #: Seconds between two reads of a step's accounting while its line is not final yet.
 STEP_METRICS_RETRY = 0.5
+
+log = logging.getLogger("dagster_slurm.session")
 
 
 def check_step(session: RunSession, launcher: ComputeLauncher, overrides: Mapping[str, Any],
@@ -179,7 +182,9 @@ def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: 
                 acct = batch.add(scheduler.accounting_op([allocation.job_id]))
             step_id = recorded.result().files[0].data.decode("utf-8", "replace").strip() or None
             output = acct.result()
-        except Exception:  # noqa: BLE001 - figures are best effort
+        except Exception as exc:  # noqa: BLE001 - figures are best effort: logged, left null
+            log.warning("step metrics of allocation %s not read (%s: %s); they stay null",
+                        allocation.job_id, type(exc).__name__, exc)
             break
         record = scheduler.accounting_records(output).get(allocation.job_id)
         if step_id is None or output.rc != 0:
@@ -202,5 +207,6 @@ def _publish_tags(context: Any, job_id: str) -> None:
         run = instance.get_run_by_id(run_id)
         if run is not None and run.tags.get(key) != job_id:
             instance.add_run_tags(run_id, {key: job_id})
-    except Exception:  # noqa: BLE001, S110 - tags are informational only
-        pass
+    except Exception as exc:  # noqa: BLE001 - tags are informational only: logged, not raised
+        log.warning("run tag dagster-slurm/allocation=%s not written (%s: %s)", job_id,
+                    type(exc).__name__, exc)

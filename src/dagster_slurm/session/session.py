@@ -14,7 +14,7 @@ Every process of a run (each step process under the multiprocess executor) build
   to ``/history/<job id>`` and replaced; one that ended before it accepted any step fails
   the step with the allocation's log tail (no resubmission loop).
 * **Heartbeat.** While a process uses the session it writes ``/heartbeat`` (host, pid,
-  login-node time) and touches the ``heartbeat`` file every ``heartbeat_interval`` seconds
+  login-node time) and rewrites the ``heartbeat`` file (new content) every ``heartbeat_interval`` seconds
   from one daemon thread, stopped by :meth:`RunSession.close`. The orphan sensor reads the
   former, the allocation's dead-man's switch the latter.
 * **Teardown.** :meth:`RunSession.close` with ``cancel=True`` cancels every job carrying
@@ -408,7 +408,8 @@ class RunSession:
 
     # -- heartbeat and teardown ------------------------------------------------------------
     def beat(self) -> None:
-        """One heartbeat: ``/heartbeat`` in the document and the heartbeat file's mtime."""
+        """One heartbeat: ``/heartbeat`` in the document and new content in the heartbeat
+        file (the step server's dead-man's switch watches the content, not the mtime)."""
         host, pid = socket.gethostname(), os.getpid()
         change = tr.beat(None, host=host, pid=pid)
         assert isinstance(change, tr.Change)
