@@ -186,12 +186,15 @@ class SlurmAllocation:
         handle: StepHandle,
         *,
         on_poll: Callable[[], None] = lambda: None,
+        cancel_on_error: bool = True,
     ) -> SlurmStepExecutionResult:
         """Wait until the step has written its status, or the allocation has ended.
 
         Returns the result (exit code, drained, drain signal); raises
-        :class:`SlurmAllocationEnded` when the allocation ended first. Any exception while
-        waiting (run termination, KeyboardInterrupt) cancels the step before propagating.
+        :class:`SlurmAllocationEnded` when the allocation ended first. With
+        ``cancel_on_error`` any other exception while waiting (run termination,
+        KeyboardInterrupt) cancels the step before propagating; without it the caller
+        cancels (:meth:`cancel_step_quietly`), as the Pipes runner's ``_terminate`` does.
         """
         files = [TailRequest(handle.paths.status, 0), TailRequest(handle.paths.drain, 0)]
         next_check = self.clock() + self.allocation_check_interval
@@ -236,11 +239,18 @@ class SlurmAllocation:
         except SlurmAllocationEnded:
             raise
         except BaseException:
-            try:
-                self.cancel_step(handle)
-            except Exception as exc:  # noqa: BLE001 - the original error matters more
-                log.error("could not cancel step %s of allocation %s: %s", handle.name, self.job_id, exc)
+            if cancel_on_error:
+                self.cancel_step_quietly(handle)
             raise
+
+    def cancel_step_quietly(self, handle: StepHandle) -> None:
+        """:meth:`cancel_step`, logging (not raising) when the request cannot be written:
+        called while another error propagates, which matters more."""
+        try:
+            self.cancel_step(handle)
+        except Exception as exc:  # noqa: BLE001 - logged; the original error propagates
+            log.error("could not cancel step %s of allocation %s: %s; it ends with the "
+                      "allocation", handle.name, self.job_id, exc)
 
     # -- low level: a command as a step, no Pipes ------------------------------------------
     def execute(

@@ -132,15 +132,15 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         return handle
 
     def _wait(self, job: SessionStep, handle: StepHandle) -> SlurmStepExecutionResult:
-        # SlurmAllocation.wait cancels the step itself on any error but SlurmAllocationEnded
-        # (the same guarantee serves execute_in_session); _terminate does the session's part.
-        return job.allocation.wait(handle)
+        return job.allocation.wait(handle, cancel_on_error=False)  # _terminate cancels
 
     def _terminate(self, job: SessionStep, handle: StepHandle, error: BaseException) -> None:
         if isinstance(error, SlurmAllocationEnded):
             # The allocation ended under the step: the next step gets a new one.
             self.session.forget(job.allocation, error.result.allocation_state)
-        elif not isinstance(error, Exception):  # run termination, KeyboardInterrupt
+            return
+        job.allocation.cancel_step_quietly(handle)  # the step must not outlive its Dagster step
+        if not isinstance(error, Exception):  # run termination, KeyboardInterrupt
             self.session.interrupted = True
 
     def _outcome(self, job: SessionStep, handle: StepHandle, result: SlurmStepExecutionResult,
