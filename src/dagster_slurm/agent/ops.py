@@ -184,10 +184,23 @@ def submit_op(
 
 
 def write_file_op(
-    path: str, content: str | bytes, *, mode: int = 0o644, makedirs: bool = False
+    path: str,
+    content: str | bytes,
+    *,
+    mode: int = 0o600,
+    makedirs: bool = False,
+    dir_mode: int = 0o700,
 ) -> AgentOp[PathResult]:
-    """Write ``content`` to ``path`` atomically with exactly ``mode``."""
-    params: dict[str, Any] = {"path": path, "mode": mode, "makedirs": makedirs}
+    """Write ``content`` to ``path`` atomically with exactly ``mode``.
+
+    Private by default: the file gets 0o600 and, with ``makedirs``, each missing parent
+    directory is created with ``dir_mode`` (0o700), so that what the library writes (job
+    scripts, environment files, Pipes context) is readable by its owner only. Pass
+    0o644/0o755 for files shared with other users on purpose.
+    """
+    params: dict[str, Any] = {
+        "path": path, "mode": mode, "makedirs": makedirs, "dir_mode": dir_mode,
+    }
     if isinstance(content, bytes):
         params["content_b64"] = base64.b64encode(content).decode("ascii")
     else:
@@ -196,7 +209,8 @@ def write_file_op(
 
 
 def mkdir_op(path: str, *, mode: int = 0o755) -> AgentOp[PathResult]:
-    """Create ``path`` and missing parents; ``changed`` is False when it existed."""
+    """Create ``path`` and missing parents, each with exactly ``mode``; ``changed`` is
+    False when it existed."""
     return AgentOp("mkdir", {"path": path, "mode": mode}, PathResult.from_raw)
 
 

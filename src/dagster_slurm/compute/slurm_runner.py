@@ -161,7 +161,7 @@ class SlurmRunner:
                 activation=activation, num_nodes=spec.num_nodes or 1,
                 drain_signal=_drain_signal(self.slurm.queue.signal_before_timeout),
             )
-            files = {paths.script: (launcher.render(plan), 0o755),
+            files = {paths.script: (launcher.render(plan), 0o600),
                      **invocation_files(paths, payload, injector)}
             job_id = self._submit(scheduler, spec, paths, files, context)
             observation = self._wait(scheduler, job_id, job_name, paths, context, reader.wake)
@@ -238,7 +238,7 @@ def invocation_files(paths: InvocationPaths, payload: PayloadSpec,
     if payload.needs_upload:
         assert payload.upload_from is not None and payload.upload_name is not None
         with open(payload.upload_from, "rb") as handle:
-            files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o644)
+            files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o600)
     return files
 
 

@@ -145,7 +145,7 @@ class SlurmAllocation:
                 self.paths.document, self.paths.lock,
                 [{"op": "test", "path": "/allocation/job_id", "value": self.job_id}],
             ))
-            written = [batch.add(write_file_op(script_path, script, mode=0o755, makedirs=True),
+            written = [batch.add(write_file_op(script_path, script, mode=0o600, makedirs=True),
                                  requires=[current])]
             for path, (content, mode) in (files or {}).items():
                 written.append(batch.add(write_file_op(path, content, mode=mode, makedirs=True),
