@@ -93,8 +93,13 @@ def txn_op(
     lock_timeout: float = 30.0,
     create: Mapping[str, Any] | None = None,
     max_schema_version: int | None = None,
+    dir_mode: int = 0o700,
 ) -> AgentOp[TxnResult]:
-    """Apply ``patch`` to the document at ``path`` under ``lock`` (see the agent's ``txn``)."""
+    """Apply ``patch`` to the document at ``path`` under ``lock`` (see the agent's ``txn``).
+
+    With ``create``, missing directories of ``path`` and ``lock`` are made with
+    ``dir_mode`` (private by default; 0o755 for documents shared on purpose).
+    """
     params = {
         "path": path,
         "lock": lock,
@@ -102,6 +107,7 @@ def txn_op(
         "timeout": lock_timeout,
         "create": None if create is None else dict(create),
         "max_schema_version": max_schema_version,
+        "dir_mode": dir_mode,
     }
     return AgentOp("txn", params, TxnResult.from_raw, lock_timeout + 10.0, ("Conflict",))
 

@@ -141,3 +141,17 @@ def test_remove_never_follows_symlinks_out_of_root(client: AgentClient, tmp_path
         client.run(remove_op(str(root / "link" / "precious"), root=str(root)))
     assert client.run(remove_op(str(root / "link"), root=str(root))).changed
     assert not (root / "link").exists() and (outside / "precious").read_text() == "keep"
+
+
+def test_a_created_document_gets_private_directories_unless_shared(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    from dagster_slurm.agent.ops import txn_op
+
+    private = tmp_path / "sessions" / "run-1" / "allocation.json"
+    client.run(txn_op(str(private), f"{private.parent}/lock", [], create={"a": 1}))
+    assert stat.S_IMODE(private.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(private.parent.parent.stat().st_mode) == 0o700
+    shared = tmp_path / "envs" / "leases.json"
+    client.run(txn_op(str(shared), f"{shared}.lock", [], create={"leases": {}}, dir_mode=0o755))
+    assert stat.S_IMODE(shared.parent.stat().st_mode) == 0o755

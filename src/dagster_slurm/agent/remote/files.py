@@ -34,7 +34,7 @@ from .common import (
     get_str,
     run_command,
 )
-from .document import write_atomic
+from .document import make_dirs, write_atomic
 
 MAX_TAIL_BYTES = 16 * 1024 * 1024
 
@@ -134,31 +134,6 @@ def op_mkdir(params: dict, ctx: OpContext) -> dict:
     existed = os.path.isdir(path)
     make_dirs(path, _mode(params, 0o755))
     return {"path": path, "created": not existed}
-
-
-def make_dirs(path: str, mode: int) -> None:
-    """Create ``path`` and its missing parents, each with exactly ``mode``.
-
-    Unlike ``os.makedirs`` every directory created gets ``mode`` (the umask does not
-    apply, and parents are not left at the umask's default); directories that exist
-    already, also ones another process creates meanwhile, are left as they are.
-    """
-    missing = []
-    current = os.path.abspath(path)
-    while not os.path.isdir(current):
-        missing.append(current)
-        parent = os.path.dirname(current)
-        if parent == current:
-            break
-        current = parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, mode)
-        except FileExistsError:
-            if not os.path.isdir(directory):
-                raise
-            continue
-        os.chmod(directory, mode)
 
 
 def op_remove(params: dict, ctx: OpContext) -> dict:
