@@ -32,10 +32,31 @@ NODE_SHIM = (
     ' && mount --rbind "$3" /tmp && shift 4 && exec "$@"'
 )
 
+#: Runs as the program of ``unshare --pid`` (without ``--fork``): its first child becomes
+#: PID 1 of the new PID namespace, mounts that namespace's /proc (in the node's mount
+#: namespace) and becomes the daemon, which must stay in the foreground (the namespace
+#: ends with its PID 1). The daemon's pid as the host sees it goes to the pid file (the
+#: daemon's own pid file would hold its namespace pid). Arguments: pid file, argv.
+PID_NAMESPACE_SHIM = (
+    'pid_file=$1; shift; (mount -t proc proc /proc && exec "$@") < /dev/null &'
+    ' printf "%s\\n" "$!" > "$pid_file"'
+)
 
-def in_node_namespace(settings: Settings, hostname: str, argv: tuple[str, ...]) -> tuple[str, ...]:
-    """``argv`` run as node ``hostname``: own hostname, /etc/hosts and /tmp (see NODE_SHIM)."""
+
+def in_node_namespace(
+    settings: Settings, hostname: str, argv: tuple[str, ...], pid_file: Path | None = None
+) -> tuple[str, ...]:
+    """``argv`` run as node ``hostname``: own hostname, /etc/hosts and /tmp (see NODE_SHIM).
+
+    With ``pid_file`` also in a PID namespace of its own (see PID_NAMESPACE_SHIM); ``argv``
+    must then run in the foreground, and ``pid_file`` receives its host pid.
+    """
     paths = settings.paths
+    if pid_file is not None:
+        argv = (
+            executable("unshare"), "--pid", "/bin/sh", "-c", PID_NAMESPACE_SHIM, "node-init",
+            str(pid_file), *argv,
+        )
     return (
         executable("unshare"),
         "--uts",
@@ -231,7 +252,8 @@ def _slurmd(settings: Settings, probes: ClusterProbes, node: Node) -> DaemonSpec
         argv=in_node_namespace(
             settings,
             node.name,
-            (executable("slurmd"), "-f", str(paths.slurm_conf), "-N", node.name),
+            (executable("slurmd"), "-D", "-f", str(paths.slurm_conf), "-N", node.name),
+            pid_file=paths.pid_file(node.daemon),
         ),
         pid_file=paths.pid_file(node.daemon),
         logs=(paths.log_file(node.daemon), paths.output_file(node.daemon)),
