@@ -11,7 +11,9 @@ import os
 import shlex
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import paramiko
 import pytest
@@ -125,6 +127,35 @@ def test_two_node_job_runs_as_submitter_on_distinct_hosts(
     assert len(hostnames) == 2, output
     assert len(addresses) == 2, output
     assert all(addr.startswith("127.0.1.") for addr in addresses), output
+
+
+def test_each_node_has_its_own_tmp_and_pids_and_all_share_the_state_dir(
+    ssh: paramiko.SSHClient, job_dir: str, slurm_cluster: DevClusterInfo
+) -> None:
+    marker = f"/tmp/dslurm-node-tmp-{uuid.uuid4().hex}"
+    steps = [
+        'set -- $(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        f'srun -N1 -n1 -w "$1" touch {marker}',
+        f'srun -N1 -n1 -w "$1" sh -c "test -e {marker} && echo first:present || echo first:absent"',
+        f'srun -N1 -n1 -w "$2" sh -c "test -e {marker} && echo second:present || echo second:absent"',
+        f'srun -N1 -n1 -w "$2" sh -c "test -S {slurm_cluster.state_dir}/run/munge.sock && echo second:state"',
+        f'echo "batch:$(hostname):$(test -e {marker} && echo present || echo absent)"',
+        'srun -N1 -n1 -w "$2" sh -c "echo second:init=\\$(cat /proc/1/comm)"',
+    ]
+    _, output = _sbatch_wait(
+        ssh, job_dir, f"--partition={slurm_cluster.partition}", "--nodes=2",
+        "--ntasks-per-node=1", wrap="; ".join(steps),
+    )
+    lines = output.split()
+    assert "first:present" in lines and "second:absent" in lines, output
+    assert "second:state" in lines, output  # the state dir (below /tmp) is shared
+    assert "batch:c1:present" in lines, output  # the batch step runs on the first node
+    assert "second:init=slurmd" in lines, output  # each node has its own PID namespace
+    login = _ssh_run(ssh, ["sh", "-c", f"hostname; test -e {marker} && echo present || echo absent"])
+    assert login.split() == ["login", "absent"], login
+    assert not Path(marker).exists(), "a node wrote into the host's /tmp"
+    assert (slurm_cluster.node_tmp("c1") / marker.removeprefix("/tmp/")).exists()
+    (slurm_cluster.node_tmp("c1") / marker.removeprefix("/tmp/")).unlink()
 
 
 def test_gpu_job_sees_two_devices(

@@ -27,6 +27,7 @@ from compute_support import (
 )
 
 from dagster_slurm.compute.resource import ComputeResource
+from dagster_slurm.devcluster import NODES, DevCluster
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.launchers.ray_ports import RayPortConfig, hash_block_index
 
@@ -136,7 +137,11 @@ def assert_cleaned_up(env: dict[str, str], job_id: str) -> None:
         time.sleep(0.5)
     assert squeue_names(env) == []
     assert ray_processes_of(job_id) == []
-    assert not any(Path("/tmp").glob(f"dsray-{job_id}-*")), "temp dirs left behind"
+    info = DevCluster().info()
+    for node in NODES:  # each node has its own /tmp
+        assert not any(info.node_tmp(node.name).glob(f"dsray-{job_id}-*")), (
+            f"temp dirs left behind on {node.name}"
+        )
 
 
 def test_two_node_cpu_cluster(env, tmp_path, capfd):

@@ -119,7 +119,8 @@ def test_four_ray_assets_share_one_allocation_and_one_ray_cluster(env, tmp_path,
 
 def test_retried_step_reattaches_to_the_live_allocation(env, tmp_path, monkeypatch):
     payload = write_payload(tmp_path, "flaky.py", FLAKY_PAYLOAD)
-    marker = Path(f"/tmp/dslurm-flaky-{uuid.uuid4().hex}")  # written by the job's user
+    # written by the job's user on a compute node: in the shared home, not a node's /tmp
+    marker = Path(env["SLURM_DEPLOYMENT_BASE_PATH"]) / f"flaky-{uuid.uuid4().hex}"
     for key, value in {**env, "DSLURM_TEST_SESSION": "bash", "DSLURM_TEST_PAYLOAD": payload,
                        "FLAKY_MARKER": str(marker)}.items():
         monkeypatch.setenv(key, value)

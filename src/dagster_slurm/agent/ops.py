@@ -93,8 +93,13 @@ def txn_op(
     lock_timeout: float = 30.0,
     create: Mapping[str, Any] | None = None,
     max_schema_version: int | None = None,
+    dir_mode: int = 0o700,
 ) -> AgentOp[TxnResult]:
-    """Apply ``patch`` to the document at ``path`` under ``lock`` (see the agent's ``txn``)."""
+    """Apply ``patch`` to the document at ``path`` under ``lock`` (see the agent's ``txn``).
+
+    With ``create``, missing directories of ``path`` and ``lock`` are made with
+    ``dir_mode`` (private by default; 0o755 for documents shared on purpose).
+    """
     params = {
         "path": path,
         "lock": lock,
@@ -102,6 +107,7 @@ def txn_op(
         "timeout": lock_timeout,
         "create": None if create is None else dict(create),
         "max_schema_version": max_schema_version,
+        "dir_mode": dir_mode,
     }
     return AgentOp("txn", params, TxnResult.from_raw, lock_timeout + 10.0, ("Conflict",))
 
@@ -188,10 +194,23 @@ def submit_op(
 
 
 def write_file_op(
-    path: str, content: str | bytes, *, mode: int = 0o644, makedirs: bool = False
+    path: str,
+    content: str | bytes,
+    *,
+    mode: int = 0o600,
+    makedirs: bool = False,
+    dir_mode: int = 0o700,
 ) -> AgentOp[PathResult]:
-    """Write ``content`` to ``path`` atomically with exactly ``mode``."""
-    params: dict[str, Any] = {"path": path, "mode": mode, "makedirs": makedirs}
+    """Write ``content`` to ``path`` atomically with exactly ``mode``.
+
+    Private by default: the file gets 0o600 and, with ``makedirs``, each missing parent
+    directory is created with ``dir_mode`` (0o700), so that what the library writes (job
+    scripts, environment files, Pipes context) is readable by its owner only. Pass
+    0o644/0o755 for files shared with other users on purpose.
+    """
+    params: dict[str, Any] = {
+        "path": path, "mode": mode, "makedirs": makedirs, "dir_mode": dir_mode,
+    }
     if isinstance(content, bytes):
         params["content_b64"] = base64.b64encode(content).decode("ascii")
     else:
@@ -200,7 +219,8 @@ def write_file_op(
 
 
 def mkdir_op(path: str, *, mode: int = 0o755) -> AgentOp[PathResult]:
-    """Create ``path`` and missing parents; ``changed`` is False when it existed."""
+    """Create ``path`` and missing parents, each with exactly ``mode``; ``changed`` is
+    False when it existed."""
     return AgentOp("mkdir", {"path": path, "mode": mode}, PathResult.from_raw)
 
 

@@ -107,7 +107,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             activation=job.activation, num_nodes=spec.num_nodes or 1,
             drain_signal=drain_signal_of(self.slurm.queue.signal_before_timeout),
         )
-        files = {paths.script: (job.request.launcher.render(plan), 0o755),
+        files = {paths.script: (job.request.launcher.render(plan), 0o600),
                  **invocation_files(paths, job.payload, job.injector)}
         token = new_token()
         try:

@@ -35,7 +35,9 @@ from dagster_slurm.devcluster.errors import (
 from dagster_slurm.devcluster.info import ClusterStatus, DaemonStatus, DevClusterInfo
 from dagster_slurm.devcluster.install import REQUIRED_PACKAGES, ensure_packages, install_hint
 from dagster_slurm.devcluster.layout import (
+    LOGIN_NODE,
     NODES,
+    OTHER_USER,
     Settings,
     record_settings,
     resolve_settings,
@@ -129,6 +131,7 @@ class DevCluster:
     def _prepare(self) -> str:
         """Directories, keys, database password, config files, fake GPUs, submitter user."""
         paths = self.paths
+        node_names = [LOGIN_NODE, *(n.name for n in NODES)]
         for directory, mode in (
             (paths.root, 0o755),
             (paths.etc, 0o755),
@@ -140,6 +143,9 @@ class DevCluster:
             (paths.devices, 0o755),
             (paths.mariadb_data, 0o700),
             *((paths.spool / n.name, 0o755) for n in NODES),
+            (paths.nodes, 0o700),
+            *((paths.node_tmp(name).parent, 0o700) for name in node_names),
+            *((paths.node_tmp(name), 0o1777) for name in node_names),
         ):
             directory.mkdir(parents=True, exist_ok=True)
             os.chmod(directory, mode)
@@ -155,8 +161,9 @@ class DevCluster:
         ]
         _ensure_gpu_devices(gpu_device_paths(self.settings))
         sshd.ensure_keys(self.settings)
-        entry = sshd.ensure_user(self.settings, self._progress)
+        entry = sshd.ensure_user(self.settings.user, self.settings.home, self._progress)
         sshd.ensure_user_files(self.settings, entry)
+        sshd.ensure_user(OTHER_USER, Path("/home") / OTHER_USER, self._progress)
         sshd.ensure_privsep_dir()
         record_settings(self.settings)
         return "rewrote " + ", ".join(changed) if changed else "unchanged"

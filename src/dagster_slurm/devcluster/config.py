@@ -20,6 +20,8 @@ from dagster_slurm.devcluster.layout import (
     CPUS_PER_NODE,
     DEF_MEM_PER_CPU_MB,
     GPU_PARTITION,
+    LOGIN_ADDRESS,
+    LOGIN_NODE,
     LOOPBACK,
     NODES,
     PARTITION_MAX_TIME,
@@ -129,7 +131,9 @@ def render_slurmdbd_conf(settings: Settings, db_password: str) -> str:
 
 def render_node_hosts() -> str:
     """Text of the hosts file mounted over /etc/hosts inside every node's namespace."""
-    lines = "\n".join(f"{n.address} {n.name}" for n in NODES)
+    lines = "\n".join(
+        [f"{n.address} {n.name}" for n in NODES] + [f"{LOGIN_ADDRESS} {LOGIN_NODE}"]
+    )
     return render_template("hosts", {"node_lines": lines})
 
 

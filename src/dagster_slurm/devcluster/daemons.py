@@ -17,13 +17,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_slurm.devcluster import database
-from dagster_slurm.devcluster.layout import LOOPBACK, NODES, PORTS, Node, Settings
+from dagster_slurm.devcluster.layout import LOGIN_NODE, LOOPBACK, NODES, PORTS, Node, Settings
 from dagster_slurm.devcluster.probes import ClusterProbes
 from dagster_slurm.devcluster.processes import SYSTEM_PATH, daemon_env
 
-#: Runs inside a fresh UTS + mount namespace: set the node's hostname, mount its hosts
-#: file over /etc/hosts, then become slurmd. Values arrive as positional arguments only.
-NODE_SHIM = 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+#: Runs inside a fresh UTS + mount namespace (private propagation, so the host never sees
+#: these mounts; they go away with the namespace's last process): set the node's hostname,
+#: mount its hosts file over /etc/hosts and its own directory over /tmp, with the state
+#: directory (the shared filesystem) mounted back at its own path when it lies below /tmp,
+#: then become the daemon. Arguments: hostname, hosts file, node tmp, state dir, argv.
+NODE_SHIM = (
+    'hostname "$1" && mount --bind "$2" /etc/hosts'
+    ' && case $4 in /tmp/*) mkdir -p "$3${4#/tmp}" && mount --bind "$4" "$3${4#/tmp}" ;; esac'
+    ' && mount --rbind "$3" /tmp && shift 4 && exec "$@"'
+)
+
+#: Runs as the program of ``unshare --pid`` (without ``--fork``): its first child becomes
+#: PID 1 of the new PID namespace, mounts that namespace's /proc (in the node's mount
+#: namespace) and becomes the daemon, which must stay in the foreground (the namespace
+#: ends with its PID 1). The daemon's pid as the host sees it goes to the pid file (the
+#: daemon's own pid file would hold its namespace pid). Arguments: pid file, argv.
+PID_NAMESPACE_SHIM = (
+    'pid_file=$1; shift; (mount -t proc proc /proc && exec "$@") < /dev/null &'
+    ' printf "%s\\n" "$!" > "$pid_file"'
+)
+
+
+def in_node_namespace(
+    settings: Settings, hostname: str, argv: tuple[str, ...], pid_file: Path | None = None
+) -> tuple[str, ...]:
+    """``argv`` run as node ``hostname``: own hostname, /etc/hosts and /tmp (see NODE_SHIM).
+
+    With ``pid_file`` also in a PID namespace of its own (see PID_NAMESPACE_SHIM); ``argv``
+    must then run in the foreground, and ``pid_file`` receives its host pid.
+    """
+    paths = settings.paths
+    if pid_file is not None:
+        argv = (
+            executable("unshare"), "--pid", "/bin/sh", "-c", PID_NAMESPACE_SHIM, "node-init",
+            str(pid_file), *argv,
+        )
+    return (
+        executable("unshare"),
+        "--uts",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        NODE_SHIM,
+        "node-shim",
+        hostname,
+        str(paths.node_hosts),
+        str(paths.node_tmp(hostname)),
+        str(settings.state_dir),
+        *argv,
+    )
 
 
 def executable(name: str) -> str:
@@ -200,23 +249,11 @@ def _slurmd(settings: Settings, probes: ClusterProbes, node: Node) -> DaemonSpec
     return DaemonSpec(
         name=node.daemon,
         comm="slurmd",
-        argv=(
-            executable("unshare"),
-            "--uts",
-            "--mount",
-            "--propagation",
-            "private",
-            "/bin/sh",
-            "-c",
-            NODE_SHIM,
-            "node-shim",
+        argv=in_node_namespace(
+            settings,
             node.name,
-            str(paths.node_hosts),
-            executable("slurmd"),
-            "-f",
-            str(paths.slurm_conf),
-            "-N",
-            node.name,
+            (executable("slurmd"), "-D", "-f", str(paths.slurm_conf), "-N", node.name),
+            pid_file=paths.pid_file(node.daemon),
         ),
         pid_file=paths.pid_file(node.daemon),
         logs=(paths.log_file(node.daemon), paths.output_file(node.daemon)),
@@ -234,16 +271,14 @@ def _sshd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="sshd",
         comm="sshd",
-        argv=(
-            executable("sshd"),
-            "-f",
-            str(paths.sshd_config),
-            "-E",
-            str(paths.log_file("sshd")),
+        argv=in_node_namespace(
+            settings,
+            LOGIN_NODE,
+            (executable("sshd"), "-f", str(paths.sshd_config), "-E", str(paths.log_file("sshd"))),
         ),
         pid_file=paths.pid_file("sshd"),
         logs=(paths.log_file("sshd"), paths.output_file("sshd")),
-        config_files=(paths.sshd_config, paths.host_key),
+        config_files=(paths.sshd_config, paths.host_key, paths.node_hosts),
         ready=probes.sshd,
         ready_timeout=10.0,
         ports=((settings.ssh_host, settings.ssh_port),),

@@ -10,6 +10,7 @@ from dagster_slurm.devcluster.layout import (
     CPU_PARTITION,
     GPU_PARTITION,
     PARTITIONS,
+    Paths,
     Settings,
 )
 
@@ -55,6 +56,10 @@ class DevClusterInfo:
             partitions=PARTITIONS,
             state_dir=settings.state_dir,
         )
+
+    def node_tmp(self, node: str) -> Path:
+        """Where the host finds what node ``node`` (e.g. ``c1``, or ``login``) sees as /tmp."""
+        return Paths(self.state_dir).node_tmp(node)
 
     def env(self) -> dict[str, str]:
         """Environment variables that point the library (and Slurm tools) at this cluster."""

@@ -26,6 +26,13 @@ SSH_LISTEN_ENV = "DAGSTER_SLURM_DEV_SSH_LISTEN"
 DEFAULT_STATE_DIR = Path("/tmp/dslurm")
 DEFAULT_SSH_PORT = 2222
 DEFAULT_USER = "dslurm"
+#: A second unprivileged account, never used to submit: it stands for the other users of a
+#: shared cluster (tests check what it cannot read).
+OTHER_USER = "dslurm2"
+#: Hostname of the login node (sshd runs in a namespace of its own with this name).
+LOGIN_NODE = "login"
+#: Address the login node's name resolves to inside the cluster (a loopback alias).
+LOGIN_ADDRESS = "127.0.1.100"
 #: Address every client-facing daemon listens on.
 LOOPBACK = "127.0.0.1"
 #: Name of the Slurm cluster as registered in the accounting database.
@@ -193,6 +200,20 @@ class Paths:
     @property
     def sshd_config(self) -> Path:
         return self.etc / "sshd_config"
+
+    @property
+    def nodes(self) -> Path:
+        """Per-node private directories (root only, so no node reaches another's)."""
+        return self.root / "nodes"
+
+    def node_tmp(self, node: str) -> Path:
+        """What node ``node`` (a compute node's name, or :data:`LOGIN_NODE`) sees as /tmp.
+
+        Bind-mounted over /tmp in the node's mount namespace, with the state directory
+        mounted back at its own path when it lies below /tmp (it is the cluster's shared
+        filesystem).
+        """
+        return self.nodes / node / "tmp"
 
     @property
     def run(self) -> Path:

@@ -70,33 +70,33 @@ def _password_locked(user: str) -> bool:
     return False
 
 
-def ensure_user(settings: Settings, progress: Callable[[str], None]) -> pwd.struct_passwd:
-    """Create the submitter account if missing and make it able to log in with a key.
+def ensure_user(user: str, home: Path, progress: Callable[[str], None]) -> pwd.struct_passwd:
+    """Create account ``user`` (home ``home``) if missing and make it able to log in with a key.
 
     A fresh ``useradd`` account is locked (``!`` in /etc/shadow), and sshd without PAM
     refuses locked accounts even for key logins; the password is therefore set to ``*``
     (no password can match, but the account is not locked).
     """
     try:
-        entry = pwd.getpwnam(settings.user)
+        entry = pwd.getpwnam(user)
     except KeyError:
-        progress(f"creating user {settings.user}")
+        progress(f"creating user {user}")
         _checked(
             [
                 "useradd",
                 "--create-home",
                 "--home-dir",
-                str(settings.home),
+                str(home),
                 "--shell",
                 "/bin/bash",
                 "--user-group",
-                settings.user,
+                user,
             ],
             "useradd",
         )
-        entry = pwd.getpwnam(settings.user)
-    if _password_locked(settings.user):
-        _checked(["usermod", "-p", "*", settings.user], "usermod")
+        entry = pwd.getpwnam(user)
+    if _password_locked(user):
+        _checked(["usermod", "-p", "*", user], "usermod")
     return entry
 
 

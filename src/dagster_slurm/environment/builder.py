@@ -160,8 +160,11 @@ class RemoteBuild:
             steps.insert(min(2, len(steps)), store)
         pending: list[tuple[InstallStep, PendingResult[ExecResult]]] = []
         previous: PendingResult[ExecResult] | None = None
+        # The environment store is shared on purpose (other users may use the
+        # environment): its marker stays world-readable.
         marker = write_file_op(
-            f"{self.build_dir}/{READY}", ready_content(self.recipe, self.token, self.owner)
+            f"{self.build_dir}/{READY}", ready_content(self.recipe, self.token, self.owner),
+            mode=0o644,
         )
         with self.agent.batch() as batch:
             for step in steps:

@@ -44,6 +44,7 @@ class LeaseFileStore(StateStore):
                 patch,
                 lock_timeout=self.lock_timeout,
                 create={"leases": {}},
+                dir_mode=0o755,  # the environment store is shared with other users on purpose
             )
         )
 

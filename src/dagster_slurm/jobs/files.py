@@ -38,7 +38,7 @@ def invocation_files(paths: InvocationPaths, payload: PayloadSpec,
     if payload.needs_upload:
         assert payload.upload_from is not None and payload.upload_name is not None
         with open(payload.upload_from, "rb") as handle:
-            files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o644)
+            files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o600)
     return files
 
 

@@ -247,7 +247,13 @@ class RayLauncher(ComputeLauncher):
         ),
     )
     redis_password: str | None = Field(
-        default=None, description="Passed to every node's 'ray start --redis-password'."
+        default=None,
+        description=(
+            "Passed to every node's 'ray start --redis-password'. It reaches the nodes in "
+            "the environment, not on srun's or bash's command line; Ray 2.60 takes it only "
+            "as that option and passes it on to its own processes (gcs_server, workers) as "
+            "arguments, so it is visible in process listings on the job's nodes."
+        ),
     )
     object_store_memory: int | None = Field(
         default=None,
@@ -259,6 +265,14 @@ class RayLauncher(ComputeLauncher):
     )
     include_dashboard: bool = Field(
         default=True, description="Start the Ray dashboard on the head."
+    )
+    dashboard_host: str | None = Field(
+        default=None,
+        description=(
+            "Address the dashboard listens on. None: the head node's own address (the one "
+            "Ray uses), so that it is not offered on every interface of a shared node; "
+            "'0.0.0.0' listens on all interfaces."
+        ),
     )
     startup_timeout: float = Field(
         default=120.0,
@@ -315,11 +329,11 @@ class RayLauncher(ComputeLauncher):
             raise ValueError(f"network_interface={value!r}: not a network interface name")
         return value
 
-    @field_validator("head_node_address")
+    @field_validator("head_node_address", "dashboard_host")
     @classmethod
-    def _check_address(cls, value: str | None) -> str | None:
+    def _check_address(cls, value: str | None, info: Any) -> str | None:
         if value is not None and _ADDRESS.fullmatch(value) is None:
-            raise ValueError(f"head_node_address={value!r}: not a host name or IP address")
+            raise ValueError(f"{info.field_name}={value!r}: not a host name or IP address")
         return value
 
     @field_validator("node_ip_address_command")
@@ -413,6 +427,7 @@ class RayLauncher(ComputeLauncher):
                 "failed_status": str(RAY_START_FAILED_STATUS),
                 "dashboard_line": RAY_DASHBOARD_FORMAT,
                 "tunnel_line": RAY_TUNNEL_FORMAT,
+                "redis_password": self.redis_password or "",
             },
             {
                 "prologue": render_prologue(plan, launcher="ray"),
@@ -452,7 +467,7 @@ class RayLauncher(ComputeLauncher):
                 "num_gpus": str(self.num_gpus_per_node),
                 "object_store_memory": _optional(self.object_store_memory),
                 "include_dashboard": "1" if self.include_dashboard else "",
-                "redis_password": self.redis_password or "",
+                "dashboard_host": self.dashboard_host or "",
                 "temp_dir": self.temp_dir or "",
                 "temp_dir_max": str(TEMP_DIR_MAX),
                 "network_interface": self.network_interface or "",

@@ -155,7 +155,7 @@ class SlurmAllocation:
         agent = self.scheduler.agent
         with agent.batch() as batch:
             current = batch.add(self._txn(tr.launch_step(None, job_id=self.job_id)))
-            written = [batch.add(write_file_op(script_path, script, mode=0o755, makedirs=True),
+            written = [batch.add(write_file_op(script_path, script, mode=0o600, makedirs=True),
                                  requires=[current])]
             for path, (content, mode) in (files or {}).items():
                 written.append(batch.add(write_file_op(path, content, mode=mode, makedirs=True),

@@ -277,10 +277,10 @@ class RunSession:
             num_nodes=self.spec.num_nodes or 1, drain_signal=self.drain_signal,
         )
         files: dict[str, tuple[str | bytes, int]] = {
-            script: (self.launcher.render(plan), 0o755),
+            script: (self.launcher.render(plan), 0o600),
             server: (render_server(self.paths, token, self.drain_signal,
-                                   self.config.heartbeat_timeout), 0o755),
-            self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()} {time.time_ns()}\n", 0o644),
+                                   self.config.heartbeat_timeout), 0o600),
+            self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()} {time.time_ns()}\n", 0o600),
         }
         spec = dataclasses.replace(self.spec, script_path=script)
         try:

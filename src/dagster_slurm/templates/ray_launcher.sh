@@ -12,6 +12,9 @@ __ds_ray_stop_grace=@@{stop_grace}
 __ds_ray_head_address=@@{head_node_address}
 __ds_ray_working_dir=@@{working_dir}
 __ds_ray_failed_status=@@{failed_status}
+# The password stays in this script (readable by its owner only): each node gets it in its
+# environment (__DS_RAY_REDIS_PASSWORD), never on srun's or bash's command line.
+__ds_ray_redis_password=@@{redis_password}
 @@{ports}
 @@{node}
 __ds_ray_hosts=()
@@ -104,7 +107,8 @@ __ds_ray_launch() {
             "--job-name=ray-$2-$index")
         [ -z "$cpus" ] || launcher+=("--cpus-per-task=$cpus")
     fi
-    ${launcher[@]+"${launcher[@]}"} bash -c "$__ds_ray_code" dagster-slurm-ray-node \
+    __DS_RAY_REDIS_PASSWORD=$__ds_ray_redis_password \
+        ${launcher[@]+"${launcher[@]}"} bash -c "$__ds_ray_code" dagster-slurm-ray-node \
         "$2" "$index" "$__ds_ray_job" "${3-}" "${4-}" \
         > >(__ds_ray_relay "$index") 2>&1 < /dev/null &
     __ds_ray_pids[index]=$!
@@ -353,7 +357,7 @@ else
 fi
 __ds_ray_code="set -u
 $(declare -p __ds_ray_marker __ds_ray_mode __ds_ray_num_cpus __ds_ray_num_gpus \
-    __ds_ray_object_store_memory __ds_ray_include_dashboard __ds_ray_redis_password \
+    __ds_ray_object_store_memory __ds_ray_include_dashboard __ds_ray_dashboard_host \
     __ds_ray_temp_dir __ds_ray_temp_dir_max __ds_ray_interface __ds_ray_ip_command \
     __ds_ray_pre_start __ds_ray_extra_args __ds_ray_node_label __ds_ray_node_pid \
     __ds_ray_node_stopped __ds_ray_strategy __ds_ray_range_start __ds_ray_range_end \

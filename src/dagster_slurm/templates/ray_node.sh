@@ -12,7 +12,7 @@ __ds_ray_num_cpus=@@{num_cpus}
 __ds_ray_num_gpus=@@{num_gpus}
 __ds_ray_object_store_memory=@@{object_store_memory}
 __ds_ray_include_dashboard=@@{include_dashboard}
-__ds_ray_redis_password=@@{redis_password}
+__ds_ray_dashboard_host=@@{dashboard_host}
 __ds_ray_temp_dir=@@{temp_dir}
 __ds_ray_temp_dir_max=@@{temp_dir_max}
 __ds_ray_interface=@@{network_interface}
@@ -152,6 +152,9 @@ __ds_ray_node_on_signal() {
 __ds_ray_node_main() {
     local role=$1 index=$2 job=$3 head_address=${4-} head_port=${5-}
     local address cpus store temp_dir own_temp="" status gcs dashboard base
+    # The Ray password arrives in the environment (see __ds_ray_launch), not as an argument.
+    local password=${__DS_RAY_REDIS_PASSWORD-}
+    unset __DS_RAY_REDIS_PASSWORD
     local -a args
     __ds_ray_node_label="$index ($(hostname 2>/dev/null || printf unknown))"
     trap '__ds_ray_node_on_signal URG TERM' URG
@@ -180,7 +183,8 @@ __ds_ray_node_main() {
             "socket paths allow at most $__ds_ray_temp_dir_max (set temp_dir to a shorter path)"
         return 1
     fi
-    if ! mkdir -p -- "$temp_dir"; then
+    # Ray keeps its sockets and session files there: only the job's user may enter it.
+    if ! mkdir -p -m 700 -- "$temp_dir"; then
         __ds_ray_node_log "cannot create the Ray temp dir $temp_dir"
         return 1
     fi
@@ -214,7 +218,8 @@ __ds_ray_node_main() {
         args+=(--head "--port=$gcs"
             '--resources={"dagster_slurm_head": 1}')
         if [ -n "$__ds_ray_include_dashboard" ]; then
-            args+=(--include-dashboard=true --dashboard-host=0.0.0.0 "--dashboard-port=$dashboard")
+            args+=(--include-dashboard=true "--dashboard-host=${__ds_ray_dashboard_host:-$address}"
+                "--dashboard-port=$dashboard")
         else
             args+=(--include-dashboard=false)
         fi
@@ -222,7 +227,8 @@ __ds_ray_node_main() {
         args+=("--address=$head_address:$head_port" '--resources={"dagster_slurm_worker": 1}')
     fi
     [ -z "$store" ] || args+=("--object-store-memory=$store")
-    [ -z "$__ds_ray_redis_password" ] || args+=("--redis-password=$__ds_ray_redis_password")
+    # Ray 2.60's 'ray start' takes the password only as an option (no variable, no file).
+    [ -z "$password" ] || args+=("--redis-password=$password")
     args+=(${__ds_ray_extra_args[@]+"${__ds_ray_extra_args[@]}"})
     printf '%s node=%s state=starting address=%s gcs=%s dashboard=%s block=%s step=%s\n' \
         "$__ds_ray_marker" "$index" "$address" "$gcs" "$dashboard" "$base" \

@@ -65,6 +65,26 @@ def test_write_file_is_atomic_with_exact_mode(client: AgentClient, tmp_path: Pat
     assert [p.name for p in target.parent.iterdir()] == ["script.sh"]  # no temp files left
 
 
+def test_written_files_and_created_parents_are_private_by_default(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    os.chmod(tmp_path, 0o755)
+    target = tmp_path / "runs" / "run-1" / "step" / "pipes_context.json"
+    client.run(write_file_op(str(target), "{}", makedirs=True))
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    for directory in (target.parent, target.parent.parent, tmp_path / "runs"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755  # an existing parent is left alone
+
+
+def test_parent_mode_is_exact_whatever_the_umask(client: AgentClient, tmp_path: Path) -> None:
+    shared = tmp_path / "store" / "envs" / "ready"
+    client.run(write_file_op(str(shared), "x", mode=0o644, makedirs=True, dir_mode=0o775))
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o644
+    for directory in (shared.parent, shared.parent.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o775, directory
+
+
 def test_write_file_without_parent_fails_cleanly(client: AgentClient, tmp_path: Path) -> None:
     with pytest.raises(AgentOpError) as info:
         client.run(write_file_op(str(tmp_path / "no" / "file"), "x"))
@@ -76,6 +96,13 @@ def test_mkdir_creates_parents_and_tolerates_existing(client: AgentClient, tmp_p
     assert client.run(mkdir_op(str(target))).changed
     assert target.is_dir()
     assert not client.run(mkdir_op(str(target))).changed
+
+
+def test_mkdir_gives_every_created_parent_the_mode(client: AgentClient, tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "c"
+    client.run(mkdir_op(str(target), mode=0o700))
+    for directory in (target, target.parent, target.parent.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
 
 
 def test_remove_files_and_trees_inside_root(client: AgentClient, tmp_path: Path) -> None:
@@ -114,3 +141,17 @@ def test_remove_never_follows_symlinks_out_of_root(client: AgentClient, tmp_path
         client.run(remove_op(str(root / "link" / "precious"), root=str(root)))
     assert client.run(remove_op(str(root / "link"), root=str(root))).changed
     assert not (root / "link").exists() and (outside / "precious").read_text() == "keep"
+
+
+def test_a_created_document_gets_private_directories_unless_shared(
+    client: AgentClient, tmp_path: Path
+) -> None:
+    from dagster_slurm.agent.ops import txn_op
+
+    private = tmp_path / "sessions" / "run-1" / "allocation.json"
+    client.run(txn_op(str(private), f"{private.parent}/lock", [], create={"a": 1}))
+    assert stat.S_IMODE(private.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(private.parent.parent.stat().st_mode) == 0o700
+    shared = tmp_path / "envs" / "leases.json"
+    client.run(txn_op(str(shared), f"{shared}.lock", [], create={"leases": {}}, dir_mode=0o755))
+    assert stat.S_IMODE(shared.parent.stat().st_mode) == 0o755

@@ -79,6 +79,7 @@ while True:
 
 STUB_SRUN = """\
 #!/bin/bash
+printf '%s\\0' "$@" >> "$STUB_LOG/srun.fullargv"
 host="" step="" seen=""
 while [ $# -gt 0 ]; do
     case $1 in

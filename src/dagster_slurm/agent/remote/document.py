@@ -110,6 +110,31 @@ def encode_document(doc: dict) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
 
+def make_dirs(path: str, mode: int) -> None:
+    """Create ``path`` and its missing parents, each with exactly ``mode``.
+
+    Unlike ``os.makedirs`` every directory created gets ``mode`` (the umask does not
+    apply, and parents are not left at the umask's default); directories that exist
+    already, also ones another process creates meanwhile, are left as they are.
+    """
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+            continue
+        os.chmod(directory, mode)
+
+
 def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` atomically (temp file, fsync, rename, directory fsync)."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -137,8 +162,9 @@ def locked_transaction(
 ) -> dict:
     """Run one transaction on the document described by ``state``.
 
-    ``state`` holds ``path``, ``lock``, optional ``timeout`` (lock wait, seconds), ``create``
-    and ``max_schema_version``. ``build(current_doc, now)`` returns the patch, called while
+    ``state`` holds ``path``, ``lock``, optional ``timeout`` (lock wait, seconds), ``create``,
+    ``dir_mode`` (mode of the directories ``create`` makes, default 0o700: private) and
+    ``max_schema_version``. ``build(current_doc, now)`` returns the patch, called while
     the lock is held. Returns ``doc``, ``version``, ``written`` and ``now``; a failed patch
     raises ``OpError`` (``Conflict`` or ``PatchError``) that still carries the current
     ``doc`` and ``version``.
@@ -150,10 +176,13 @@ def locked_transaction(
     max_schema = state.get("max_schema_version")
     if max_schema is not None and (isinstance(max_schema, bool) or not isinstance(max_schema, int)):
         raise bad_request("max_schema_version must be an integer")
+    dir_mode = state.get("dir_mode", 0o700)
+    if isinstance(dir_mode, bool) or not isinstance(dir_mode, int) or not 0 <= dir_mode <= 0o7777:
+        raise bad_request("parameter 'dir_mode' must be an integer permission mode (0..0o7777)")
     if create is not None:
         for directory in {os.path.dirname(path), os.path.dirname(lock_path)}:
             if directory:
-                os.makedirs(directory, exist_ok=True)
+                make_dirs(directory, dir_mode)
     with locked(
         lock_path,
         timeout,

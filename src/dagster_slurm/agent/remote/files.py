@@ -34,7 +34,7 @@ from .common import (
     get_str,
     run_command,
 )
-from .document import write_atomic
+from .document import make_dirs, write_atomic
 
 MAX_TAIL_BYTES = 16 * 1024 * 1024
 
@@ -111,7 +111,8 @@ def _tail_one(spec: object) -> dict:
 
 
 def op_write_file(params: dict, ctx: OpContext) -> dict:
-    """``write_file``: ``path``, ``content`` (text) or ``content_b64``, ``mode``, ``makedirs``."""
+    """``write_file``: ``path``, ``content`` (text) or ``content_b64``, ``mode`` (default
+    0o600), ``makedirs`` and ``dir_mode`` (mode of the parents it creates, default 0o700)."""
     path = get_str(params, "path")
     if "content_b64" in params:
         data = _b64(params["content_b64"], "content_b64")
@@ -119,18 +120,19 @@ def op_write_file(params: dict, ctx: OpContext) -> dict:
         data = params["content"].encode("utf-8")
     else:
         raise bad_request("write_file needs 'content' (string) or 'content_b64'")
-    mode = _mode(params, 0o644)
+    mode = _mode(params, 0o600)
     if params.get("makedirs"):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        make_dirs(os.path.dirname(os.path.abspath(path)), _mode(params, 0o700, "dir_mode"))
     write_atomic(path, data, mode)
     return {"path": path, "size": len(data)}
 
 
 def op_mkdir(params: dict, ctx: OpContext) -> dict:
-    """``mkdir``: ``path`` and its missing parents (``mode``, default 0o755); existing is fine."""
+    """``mkdir``: ``path`` and its missing parents, each with ``mode`` (default 0o755);
+    existing is fine."""
     path = get_str(params, "path")
     existed = os.path.isdir(path)
-    os.makedirs(path, _mode(params, 0o755), exist_ok=True)
+    make_dirs(path, _mode(params, 0o755))
     return {"path": path, "created": not existed}
 
 
@@ -174,8 +176,8 @@ def _b64(value: object, name: str) -> bytes:
         raise bad_request(f"parameter {name!r} is not valid base64") from None
 
 
-def _mode(params: dict, default: int) -> int:
-    mode = params.get("mode", default)
+def _mode(params: dict, default: int, name: str = "mode") -> int:
+    mode = params.get(name, default)
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o7777:
-        raise bad_request("parameter 'mode' must be an integer permission mode (0..0o7777)")
+        raise bad_request(f"parameter {name!r} must be an integer permission mode (0..0o7777)")
     return mode

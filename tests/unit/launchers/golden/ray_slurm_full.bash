@@ -184,6 +184,9 @@ __ds_ray_stop_grace=15
 __ds_ray_head_address=10.1.0.1
 __ds_ray_working_dir=ray_jobs/train_model
 __ds_ray_failed_status=123
+# The password stays in this script (readable by its owner only): each node gets it in its
+# environment (__DS_RAY_REDIS_PASSWORD), never on srun's or bash's command line.
+__ds_ray_redis_password=pw
 # Ray port blocks: every Ray node takes a block of consecutive ports and derives all its
 # ports from the block's first port (see dagster_slurm/launchers/ray_ports.py, which holds
 # the same rules and the offsets). These functions run on the node itself.
@@ -362,7 +365,7 @@ __ds_ray_num_cpus=16
 __ds_ray_num_gpus=2
 __ds_ray_object_store_memory=2000000000
 __ds_ray_include_dashboard=''
-__ds_ray_redis_password=pw
+__ds_ray_dashboard_host=''
 __ds_ray_temp_dir=/scratch/ray
 __ds_ray_temp_dir_max=41
 __ds_ray_interface=ib0
@@ -505,6 +508,9 @@ __ds_ray_node_on_signal() {
 __ds_ray_node_main() {
     local role=$1 index=$2 job=$3 head_address=${4-} head_port=${5-}
     local address cpus store temp_dir own_temp="" status gcs dashboard base
+    # The Ray password arrives in the environment (see __ds_ray_launch), not as an argument.
+    local password=${__DS_RAY_REDIS_PASSWORD-}
+    unset __DS_RAY_REDIS_PASSWORD
     local -a args
     __ds_ray_node_label="$index ($(hostname 2>/dev/null || printf unknown))"
     trap '__ds_ray_node_on_signal URG TERM' URG
@@ -533,7 +539,8 @@ __ds_ray_node_main() {
             "socket paths allow at most $__ds_ray_temp_dir_max (set temp_dir to a shorter path)"
         return 1
     fi
-    if ! mkdir -p -- "$temp_dir"; then
+    # Ray keeps its sockets and session files there: only the job's user may enter it.
+    if ! mkdir -p -m 700 -- "$temp_dir"; then
         __ds_ray_node_log "cannot create the Ray temp dir $temp_dir"
         return 1
     fi
@@ -567,7 +574,8 @@ __ds_ray_node_main() {
         args+=(--head "--port=$gcs"
             '--resources={"dagster_slurm_head": 1}')
         if [ -n "$__ds_ray_include_dashboard" ]; then
-            args+=(--include-dashboard=true --dashboard-host=0.0.0.0 "--dashboard-port=$dashboard")
+            args+=(--include-dashboard=true "--dashboard-host=${__ds_ray_dashboard_host:-$address}"
+                "--dashboard-port=$dashboard")
         else
             args+=(--include-dashboard=false)
         fi
@@ -575,7 +583,8 @@ __ds_ray_node_main() {
         args+=("--address=$head_address:$head_port" '--resources={"dagster_slurm_worker": 1}')
     fi
     [ -z "$store" ] || args+=("--object-store-memory=$store")
-    [ -z "$__ds_ray_redis_password" ] || args+=("--redis-password=$__ds_ray_redis_password")
+    # Ray 2.60's 'ray start' takes the password only as an option (no variable, no file).
+    [ -z "$password" ] || args+=("--redis-password=$password")
     args+=(${__ds_ray_extra_args[@]+"${__ds_ray_extra_args[@]}"})
     printf '%s node=%s state=starting address=%s gcs=%s dashboard=%s block=%s step=%s\n' \
         "$__ds_ray_marker" "$index" "$address" "$gcs" "$dashboard" "$base" \
@@ -699,7 +708,8 @@ __ds_ray_launch() {
             "--job-name=ray-$2-$index")
         [ -z "$cpus" ] || launcher+=("--cpus-per-task=$cpus")
     fi
-    ${launcher[@]+"${launcher[@]}"} bash -c "$__ds_ray_code" dagster-slurm-ray-node \
+    __DS_RAY_REDIS_PASSWORD=$__ds_ray_redis_password \
+        ${launcher[@]+"${launcher[@]}"} bash -c "$__ds_ray_code" dagster-slurm-ray-node \
         "$2" "$index" "$__ds_ray_job" "${3-}" "${4-}" \
         > >(__ds_ray_relay "$index") 2>&1 < /dev/null &
     __ds_ray_pids[index]=$!
@@ -948,7 +958,7 @@ else
 fi
 __ds_ray_code="set -u
 $(declare -p __ds_ray_marker __ds_ray_mode __ds_ray_num_cpus __ds_ray_num_gpus \
-    __ds_ray_object_store_memory __ds_ray_include_dashboard __ds_ray_redis_password \
+    __ds_ray_object_store_memory __ds_ray_include_dashboard __ds_ray_dashboard_host \
     __ds_ray_temp_dir __ds_ray_temp_dir_max __ds_ray_interface __ds_ray_ip_command \
     __ds_ray_pre_start __ds_ray_extra_args __ds_ray_node_label __ds_ray_node_pid \
     __ds_ray_node_stopped __ds_ray_strategy __ds_ray_range_start __ds_ray_range_end \
