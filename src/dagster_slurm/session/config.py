@@ -22,12 +22,11 @@ from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.directives import validate_extra_sbatch_directives
 from dagster_slurm.slurm.queue import (
+    SHAPE_VALIDATORS,
     SlurmQueueConfig,
     check_time_combination,
-    validate_drain_signal_spec,
 )
-from dagster_slurm.slurm.validation import validate_count, validate_memory, validate_slurm_name
-from dagster_slurm.slurm.walltime import validate_walltime
+from dagster_slurm.slurm.validation import validate_count, validate_slurm_name
 
 #: SlurmRunAllocationConfig field -> SlurmQueueConfig field.
 _QUEUE_FIELDS: Mapping[str, str] = {
@@ -150,20 +149,9 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         minimum = 0 if info.field_name == "gpus_per_node" else 1
         return None if value is None else validate_count(str(info.field_name), value, minimum=minimum)
 
-    @field_validator("time_limit", "time_min")
-    @classmethod
-    def _check_time(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else validate_walltime(str(info.field_name), value)
-
-    @field_validator("mem", "mem_per_cpu")
-    @classmethod
-    def _check_memory(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else validate_memory(str(info.field_name), value)
-
-    @field_validator("signal_before_timeout")
-    @classmethod
-    def _check_signal(cls, value: str | None) -> str | None:
-        return None if value is None else validate_drain_signal_spec("signal_before_timeout", value)
+    _check_time = SHAPE_VALIDATORS["time"]
+    _check_memory = SHAPE_VALIDATORS["memory"]
+    _check_signal = SHAPE_VALIDATORS["signal"]
 
     @field_validator("extra_sbatch_directives")
     @classmethod

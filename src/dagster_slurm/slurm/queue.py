@@ -34,6 +34,27 @@ _UNDRAINABLE_SIGNALS = frozenset({"KILL", "STOP", "9", "19"})
 _SPEC_FIELDS = frozenset(f.name for f in fields(SbatchSpec)) - {"job_name", "script_path"}
 
 
+def _walltime_field(cls: Any, value: str | None, info: ValidationInfo) -> str | None:
+    return None if value is None else validate_walltime(str(info.field_name), value)
+
+
+def _memory_field(cls: Any, value: str | None, info: ValidationInfo) -> str | None:
+    return None if value is None else validate_memory(str(info.field_name), value)
+
+
+def _signal_field(cls: Any, value: str | None) -> str | None:
+    return None if value is None else validate_drain_signal_spec("signal_before_timeout", value)
+
+
+SHAPE_VALIDATORS: dict[str, Any] = {
+    "time": field_validator("time_limit", "time_min")(classmethod(_walltime_field)),
+    "memory": field_validator("mem", "mem_per_cpu")(classmethod(_memory_field)),
+    "signal": field_validator("signal_before_timeout")(classmethod(_signal_field)),
+}
+"""Validators of the shape fields a queue and a run allocation share (same names, same
+rules), assigned in both classes so that the two never drift apart."""
+
+
 class SlurmQueueConfig(Config, KnownFieldsOnly):
     """Default scheduler request of a job: partition, shape, walltime and accounting.
 
@@ -100,20 +121,9 @@ class SlurmQueueConfig(Config, KnownFieldsOnly):
     def _check_gpus(cls, value: int) -> int:
         return validate_count("gpus_per_node", value, minimum=0)
 
-    @field_validator("time_limit", "time_min")
-    @classmethod
-    def _check_time(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else validate_walltime(str(info.field_name), value)
-
-    @field_validator("mem", "mem_per_cpu")
-    @classmethod
-    def _check_memory(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else validate_memory(str(info.field_name), value)
-
-    @field_validator("signal_before_timeout")
-    @classmethod
-    def _check_signal(cls, value: str | None) -> str | None:
-        return None if value is None else validate_drain_signal_spec("signal_before_timeout", value)
+    _check_time = SHAPE_VALIDATORS["time"]
+    _check_memory = SHAPE_VALIDATORS["memory"]
+    _check_signal = SHAPE_VALIDATORS["signal"]
 
     @field_validator("extra_sbatch_directives")
     @classmethod
