@@ -49,7 +49,8 @@ def compute(env: dict[str, str], mode: str = "slurm", **kwargs: object) -> Compu
 
 def materialize_one(payload: str, resource: ComputeResource, *, raise_on_error: bool = True,
                     extra_slurm_opts: dict | None = None, extra_env: dict | None = None,
-                    name: str = "payload_asset") -> dg.ExecuteInProcessResult:
+                    name: str = "payload_asset",
+                    instance: dg.DagsterInstance | None = None) -> dg.ExecuteInProcessResult:
     @dg.asset(name=name)
     def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):
         yield from compute.run(
@@ -57,7 +58,7 @@ def materialize_one(payload: str, resource: ComputeResource, *, raise_on_error: 
             extra_slurm_opts=extra_slurm_opts, extra_env=extra_env,
         ).get_results()
 
-    instance = dg.DagsterInstance.ephemeral()
+    instance = instance or dg.DagsterInstance.ephemeral()
     result = dg.materialize(
         [_asset], resources={"compute": resource}, raise_on_error=raise_on_error, instance=instance
     )
@@ -72,6 +73,12 @@ def run_logs(result: dg.ExecuteInProcessResult) -> list[str]:
     """Every user-facing log message of the run (context.log and Pipes logs)."""
     instance = _INSTANCES[result.run_id]
     return [entry.user_message for entry in instance.all_logs(result.run_id)]
+
+
+def logged(instance: dg.DagsterInstance, text: str) -> bool:
+    """Whether any run of ``instance`` has logged a message containing ``text`` so far."""
+    return any(text in (entry.user_message or "")
+               for run in instance.get_runs() for entry in instance.all_logs(run.run_id))
 
 
 def squeue_names(env: dict[str, str], prefix: str = "dsl-") -> list[str]:

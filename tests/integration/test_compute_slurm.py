@@ -17,6 +17,7 @@ import pytest
 from compute_support import (
     PAYLOAD_OK,
     compute,
+    logged,
     materialize_one,
     run_logs,
     slurm_resource,
@@ -232,14 +233,17 @@ def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster
     try:
         payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
         logs: list = []
+        instance = dg.DagsterInstance.ephemeral()
         # the job cannot run while the blocker holds every cpu node
         thread = threading.Thread(target=lambda: logs.append(
-            materialize_one(payload, compute(env, pending_log_interval=1.0))))
+            materialize_one(payload, compute(env, pending_log_interval=1.0), instance=instance)))
         thread.start()
+        # Slurm gives a new job its reason at its next scheduling pass: release the blocker
+        # once the step has logged the reason (or the deadline passed; the assert says so)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any("PENDING" in r for r in squeue_names(env)):
+        while time.monotonic() < deadline and not logged(
+                instance, "waiting in the queue: reason Resources"):
             time.sleep(0.3)
-        time.sleep(3)  # a few polls while it waits
         subprocess.run(["scancel", blocker], env=conf)
         thread.join(120)
         result = logs[0]

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dagster_slurm.backoff import PollBackoff
+
 #: PATH given to every daemon and cluster command (independent of the caller's PATH).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _RECORDS_SCHEMA = 1
@@ -151,7 +153,9 @@ def launch(argv: Sequence[str], env: Mapping[str, str], output: Path) -> int:
     """Run a launcher that detaches the daemon and exits; return the launcher's exit code.
 
     stdout/stderr go to ``output`` (replaced at each launch) so that errors printed
-    before the daemon opened its own log are not lost.
+    before the daemon opened its own log are not lost. The daemon starts in ``/``: a
+    working directory inherited from the caller may not exist in a node's mount namespace
+    (its own ``/tmp``), and slurmstepd then fails to return to it for every job step.
     """
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "wb") as out:
@@ -164,6 +168,7 @@ def launch(argv: Sequence[str], env: Mapping[str, str], output: Path) -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd="/",
             timeout=60,
             check=False,
         )
@@ -187,13 +192,14 @@ def wait_for(
 ) -> bool:
     """Call ``check`` until it returns True or ``timeout`` seconds passed; return the last result."""
     deadline = clock() + timeout
+    backoff = PollBackoff(initial=interval, maximum=max(interval, 0.5), factor=1.5)
     while True:
         if check():
             return True
         if clock() >= deadline:
             return False
-        sleep(interval)
-        interval = min(interval * 1.5, 0.5)
+        sleep(backoff.current)
+        backoff.observe(False)
 
 
 def record_from_pid_file(name: str, pid_file: Path, comm: str, digest: str) -> PidRecord | None:
