@@ -231,6 +231,13 @@ def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster
          "--wrap", "sleep 120"], capture_output=True, text=True, env=conf, check=True,
     ).stdout.strip()
     try:
+        # the premise: the blocker holds every cpu node (a previous test's job may still be
+        # ending on one of them)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and subprocess.run(
+                ["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
+                env=conf).stdout.strip() != "RUNNING":
+            time.sleep(0.3)
         payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
         logs: list = []
         instance = dg.DagsterInstance.ephemeral()
