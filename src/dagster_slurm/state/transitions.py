@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from dagster_slurm.agent.remote.patch import make_pointer
 from dagster_slurm.state.schema import Allocation, SessionDocument
 
 Patch = tuple[Mapping[str, Any], ...]
@@ -374,14 +375,10 @@ def retire(doc: SessionDocument | None, *, key: str, value: str,
         # the record as read, exactly: a record changed meanwhile is re-read, not lost
         {"op": "test", "path": HEAD, "value": raw},
         {"op": "setdefault", "path": "/history", "value": {}},
-        {"op": "add", "path": f"/history/{_escape(name)}", "value": entry},
-        {"op": "add", "path": f"/history/{_escape(name)}/ended_at", "value_now": 0},
+        {"op": "add", "path": make_pointer("history", name), "value": entry},
+        {"op": "add", "path": make_pointer("history", name, "ended_at"), "value_now": 0},
         {"op": "remove", "path": HEAD},
     ))
-
-
-def _escape(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
 
 
 # -- session-wide ------------------------------------------------------------------------------
@@ -399,8 +396,3 @@ def close_session(doc: SessionDocument | None, *, reason: str) -> Outcome:
         {"op": "add", "path": "/closed_at", "value_now": 0},
         {"op": "add", "path": "/closed_reason", "value": reason},
     ))
-
-
-def transition_names() -> tuple[str, ...]:
-    """Every transition name of the table, in table order."""
-    return tuple(dict.fromkeys(edge.name for edge in TRANSITIONS))
