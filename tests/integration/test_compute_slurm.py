@@ -227,8 +227,11 @@ def test_job_over_partition_maxtime_fails_within_a_minute_saying_why(env, tmp_pa
 def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster):
     conf = {"SLURM_CONF": env["SLURM_CONF"]}
     blocker = subprocess.run(
+        # from /, with no output file: this process's working directory (a clone under /tmp,
+        # as in CI) does not exist on the nodes, which have their own /tmp
         ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "blocker",
-         "--wrap", "sleep 120"], capture_output=True, text=True, env=conf, check=True,
+         "--chdir=/", "--output=/dev/null", "--wrap", "sleep 120"],
+        capture_output=True, text=True, env=conf, check=True,
     ).stdout.strip()
     try:
         # the premise: the blocker holds every cpu node (a previous test's job may still be
