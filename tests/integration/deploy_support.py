@@ -128,23 +128,32 @@ class Deployment:
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         log.close()
-        wait_for(f"dagster dev serving its code location (log: {self.tail()})",
-                 self._loaded, timeout, interval=1.0)
+        try:
+            wait_for("dagster dev serving its code location", self._loaded, timeout, 1.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\ndagster dev's log ends with:\n{self.tail()}") from None
 
     def _loaded(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"dagster dev exited with {self.proc.returncode}:\n{self.tail()}")
         try:
-            data = self.graphql("""{ repositoriesOrError { __typename
-                ... on RepositoryConnection { nodes { name location { name } } }
-                ... on PythonError { message } } }""")
+            data = self.graphql("""{ workspaceOrError { __typename
+                ... on Workspace { locationEntries { name loadStatus locationOrLoadError {
+                    __typename
+                    ... on RepositoryLocation { repositories { name } }
+                    ... on PythonError { message } } } } } }""")
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
-        repos = data["repositoriesOrError"]
-        if repos["__typename"] != "RepositoryConnection" or not repos["nodes"]:
+        workspace = data["workspaceOrError"]
+        if workspace["__typename"] != "Workspace" or not workspace["locationEntries"]:
             return False
-        node = repos["nodes"][0]
-        self.repository, self.location = node["name"], node["location"]["name"]
+        entry = workspace["locationEntries"][0]
+        location = entry["locationOrLoadError"]
+        if location is None or entry["loadStatus"] != "LOADED":
+            return False
+        if location["__typename"] == "PythonError":
+            raise AssertionError(f"{DEFINITIONS} failed to load: {location['message']}")
+        self.location, self.repository = entry["name"], location["repositories"][0]["name"]
         return True
 
     def tail(self, lines: int = 40) -> str:
@@ -167,6 +176,11 @@ class Deployment:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
+        # its children finish their own shutdown a little after it
+        try:
+            wait_for("dagster dev's processes gone", lambda: not session_members(sid), 15)
+        except AssertionError:
+            pass
         leftovers = session_members(sid)
         for pid in leftovers:
             try:
@@ -254,7 +268,7 @@ class Deployment:
 
 
 def messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [entry.user_message or "" for entry in instance.all_logs(run_id)]
+    return [entry.message or "" for entry in instance.all_logs(run_id)]
 
 
 def run_worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:

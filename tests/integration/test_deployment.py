@@ -62,15 +62,24 @@ def deployment(env, tmp_path_factory, request) -> Iterator[Deployment]:
         yield dev
     finally:
         killed = dev.stop()
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
         lines = [f"{scenario:<34} {what:<44} {took:6.1f} s" for scenario, what, took in TIMINGS]
         lines.append(f"{'dagster dev':<34} {'stopped (all its processes gone)':<44} "
                      f"{dev.stop_seconds or 0:6.1f} s (SIGKILLed after Ctrl-C: {killed})")
-        if reporter is not None:
-            reporter.write_line("\ncleanup times (test_deployment):")
-            for line in lines:
-                reporter.write_line("  " + line)
+        _print_past_capture(request, ["", "cleanup times (test_deployment):",
+                                      *("  " + line for line in lines)])
         assert dev.proc is not None and not session_members(dev.proc.pid)
+
+
+def _print_past_capture(request: pytest.FixtureRequest, lines: list[str]) -> None:
+    """Print ``lines`` to the terminal even while pytest captures output."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if capture is None or reporter is None:
+        print("\n".join(lines))
+        return
+    with capture.global_and_fixture_disabled():
+        for line in lines:
+            reporter.write_line(line)
 
 
 def _scancel(env: dict[str, str], job_ids: list[str]) -> None:

@@ -9,8 +9,6 @@ with dagster-pipes) and ``DEPLOY_TEST_SENSOR_INTERVAL`` (the sensor's minimum in
 seconds, default 60).
 """
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 
