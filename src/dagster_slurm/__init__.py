@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "BashLauncher": "dagster_slurm.launchers.bash",
     "ComputeLauncher": "dagster_slurm.launchers.base",
     "SlurmJobError": "dagster_slurm.jobs.errors",
+    "DagsterRunEnded": "dagster_slurm.jobs.follow",
     "SlurmJobNonZeroExit": "dagster_slurm.jobs.errors",
     "SlurmJobTimeout": "dagster_slurm.jobs.errors",
     "SlurmJobOutOfMemory": "dagster_slurm.jobs.errors",
@@ -67,6 +68,7 @@ __all__ = [
     "JobWatcher",
     "LockTimeout",
     "RayLauncher",
+    "DagsterRunEnded",
     "RayPortConfig",
     "RunSession",
     "SSHConnectionResource",
@@ -124,6 +126,7 @@ if TYPE_CHECKING:
         SlurmNodeFailure,
         SlurmSubmissionError,
     )
+    from dagster_slurm.jobs.follow import DagsterRunEnded
     from dagster_slurm.launchers.base import ComputeLauncher
     from dagster_slurm.launchers.bash import BashLauncher
     from dagster_slurm.launchers.ray import RayLauncher

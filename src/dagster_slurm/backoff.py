@@ -8,6 +8,7 @@ from the SSH transport to the run session, can use it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -51,3 +52,20 @@ class PollBackoff:
     def current(self) -> float:
         """The interval that :meth:`observe` last returned (``initial`` before any poll)."""
         return self._current
+
+
+def sleep_checking(sleep: Callable[[float], None], seconds: float,
+                   check: Callable[[], None] | None, slice_seconds: float) -> None:
+    """``sleep(seconds)`` in slices of at most ``slice_seconds``, calling ``check`` after
+    each one (``check`` None: one plain sleep). A long back-off between two scheduler polls
+    then still notices quickly what ``check`` looks at (e.g. the step's Dagster run ended);
+    ``check`` raises to stop waiting."""
+    if check is None:
+        sleep(seconds)
+        return
+    remaining = seconds
+    while remaining > 0:
+        step = min(remaining, slice_seconds)
+        sleep(step)
+        remaining -= step
+        check()

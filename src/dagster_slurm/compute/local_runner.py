@@ -20,6 +20,7 @@ from typing import Any
 from dagster import PipesClientCompletedInvocation
 
 from dagster_slurm.jobs.errors import JobOutcome
+from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.logs import notable_stdout_sink
 from dagster_slurm.jobs.metrics import from_local
 from dagster_slurm.jobs.outcome import outcome_error
@@ -81,9 +82,11 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
     EXIT_POLL_MAXIMUM = 0.1
 
     def __init__(self, base: str | None = None, *, poll_interval: float = 0.1, kill_grace: float = 10.0,
-                 activation: str | None = None) -> None:
+                 activation: str | None = None,
+                 run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL) -> None:
         self.base = base or default_local_base()
         self.poll_interval = poll_interval
+        self.run_status_interval = run_status_interval
         self.kill_grace = kill_grace
         self.activation = activation
 
@@ -128,10 +131,12 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
         proc = handle.proc
         backoff = PollBackoff(initial=self.EXIT_POLL_INITIAL, maximum=self.EXIT_POLL_MAXIMUM)
         delay = backoff.current
+        follower = follower_for(job.context, self.run_status_interval)
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            follower.check(f"the local process {proc.pid}")  # as in Slurm mode
             time.sleep(delay)
             delay = backoff.observe(False)
         proc.returncode = os.waitstatus_to_exitcode(status)

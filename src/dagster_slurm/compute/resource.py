@@ -22,6 +22,7 @@ from dagster_slurm.compute.options import sbatch_overrides, validate_extras
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
+from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.jobs.paths import InvocationPaths, step_identity
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
@@ -107,15 +108,26 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     pipes_poll_interval: float = Field(
         default=0.25, description="Seconds between reads of the payload's messages and output."
     )
+    run_status_interval: float = Field(
+        default=DEFAULT_RUN_STATUS_INTERVAL,
+        description=(
+            "Seconds between reads of the step's own run status from the Dagster instance "
+            "while it waits (submission, queue, payload, drain). A run that is no longer "
+            "running (FAILURE, CANCELING, CANCELED: its run worker died, it was terminated) "
+            "makes the step cancel its job or step and fail without a materialization."
+        ),
+    )
     local_base_path: str | None = Field(
         default=None,
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
     )
 
-    @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval")
+    @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval",
+                     "run_status_interval")
     @classmethod
     def _non_negative(cls, value: float, info: Any) -> float:
-        if value < 0 or (info.field_name == "pipes_poll_interval" and value == 0):
+        positive = ("pipes_poll_interval", "run_status_interval")
+        if value < 0 or (info.field_name in positive and value == 0):
             raise ValueError(f"{info.field_name}={value!r}: must be positive")
         return value
 
@@ -204,7 +216,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import LocalRunner
 
-            return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1))
+            return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1),
+                               run_status_interval=self.run_status_interval)
         if session is not None:
             from dagster_slurm.session.runner import SessionRunner
 
@@ -213,7 +226,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
 
         assert self.slurm is not None
         return SlurmRunner(self.slurm, self._pending_policy(), self._prepare_environment,
-                           poll_interval=self.pipes_poll_interval)
+                           poll_interval=self.pipes_poll_interval,
+                           run_status_interval=self.run_status_interval)
 
     def _pending_policy(self) -> PendingPolicy:
         return PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,
@@ -238,6 +252,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             self, context, self.run_allocation or SlurmRunAllocationConfig(), self.default_launcher,
             pending=self._pending_policy(),
             poll_interval=self.pipes_poll_interval,
+            run_status_interval=self.run_status_interval,
         )
         if start:
             session.ensure(getattr(context, "log", None))

@@ -3,7 +3,11 @@
 Round trips: one to write every file and submit (script, Pipes context, uploaded payload,
 token record, sbatch), one per status poll (shared by all jobs of the process), one per
 Pipes tail poll (messages, stdout and stderr together), and one for accounting and cleanup
-together at the end. Interruption (run termination, KeyboardInterrupt) or any failure while
+together at the end. While waiting, the step reads its own run's status from the Dagster
+instance every ``run_status_interval`` seconds (:mod:`dagster_slurm.jobs.follow`): a run that
+is no longer running (its run worker died, it was terminated) stops the wait with
+:class:`~dagster_slurm.jobs.follow.DagsterRunEnded`. Interruption (run termination,
+KeyboardInterrupt), an ended run, or any failure while
 waiting cancels the job before the error propagates, so no job is left behind; a job that
 left the queue unobserved (:class:`~dagster_slurm.jobs.errors.SlurmJobLost`) is not
 cancelled, as there is nothing left to cancel.
@@ -22,6 +26,7 @@ from dagster_slurm.errors import SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly
 from dagster_slurm.jobs.errors import JobOutcome, SlurmJobLost, SlurmSubmissionError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
+from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.metrics import from_sacct
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths, job_name_for, step_identity
@@ -75,11 +80,13 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         prepare_env: Callable[[Any], str | None],
         *,
         poll_interval: float = 0.25,
+        run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
     ) -> None:
         self.slurm = slurm
         self.pending = pending
         self.prepare_env = prepare_env
         self.poll_interval = poll_interval
+        self.run_status_interval = run_status_interval
 
     def _prepare(self, context: Any, request: JobRequest) -> SlurmJob:
         scheduler = self.slurm.scheduler()
@@ -130,8 +137,19 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         watcher = shared_watcher(job.scheduler)
         watcher.track(handle, job.job_name, status_file=job.paths.status)
         tracker = PendingTracker(handle, self.pending, job.context.log.info, job.reader.wake)
+        follower = follower_for(job.context, self.run_status_interval)
+
+        def follow() -> None:
+            follower.check(f"Slurm job {handle}")
+
+        def on_poll(observation: JobObservation) -> None:
+            tracker(observation)
+            if not observation.terminal:
+                follow()
+
         try:
-            return watcher.wait(handle, on_poll=tracker)
+            return watcher.wait(handle, on_poll=on_poll, check=follow,
+                                check_interval=self.run_status_interval)
         except JobLost as exc:
             raise SlurmJobLost(JobOutcome(handle, None, None), str(exc)) from None
         finally:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dagster_slurm.backoff import sleep_checking
 from dagster_slurm.errors import TransportError
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, StatusSnapshot
 from dagster_slurm.scheduler.pacing import PollBackoff
@@ -143,8 +144,14 @@ class JobWatcher:
         on_poll: Callable[[JobObservation], None] | None = None,
         timeout: float | None = None,
         transport_retries: int = 5,
+        check: Callable[[], None] | None = None,
+        check_interval: float = 3.0,
     ) -> JobObservation:
         """Poll until ``job_id`` is terminal; ``on_poll`` sees every observation.
+
+        ``check`` (None: none) is called at least every ``check_interval`` seconds between
+        polls, however long the back-off; it raises to stop waiting (e.g. the step's Dagster
+        run has ended).
 
         Transient transport errors are retried ``transport_retries`` times in a row before
         they propagate. ``timeout`` (seconds, None for no limit) raises :class:`TimeoutError`.
@@ -160,7 +167,7 @@ class JobWatcher:
                 if failures > transport_retries:
                     raise
                 log.warning("scheduler poll failed (%s); retrying", exc)
-                self._sleep(self.backoff.current)
+                sleep_checking(self._sleep, self.backoff.current, check, check_interval)
                 continue
             if on_poll is not None:
                 on_poll(observation)
@@ -168,4 +175,4 @@ class JobWatcher:
                 return observation
             if deadline is not None and self._clock() >= deadline:
                 raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
-            self._sleep(self.backoff.current)
+            sleep_checking(self._sleep, self.backoff.current, check, check_interval)

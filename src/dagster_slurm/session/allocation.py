@@ -261,8 +261,10 @@ class SlurmAllocation:
         env: Mapping[str, str] | None = None,
         activation: str | None = None,
         raise_on_error: bool = True,
+        on_poll: Callable[[], None] = lambda: None,
     ) -> SlurmStepExecutionResult:
-        """Run ``command`` (an argv) as one step on the head node and wait for it.
+        """Run ``command`` (an argv) as one step on the head node and wait for it
+        (``on_poll``: called between polls, raises to stop waiting; the step is then cancelled).
 
         ``env`` is exported (``RAY_ADDRESS`` is added when the allocation has Ray);
         ``activation`` is sourced first. Returns the :class:`SlurmStepExecutionResult`; a
@@ -283,7 +285,7 @@ class SlurmAllocation:
             drain_signal=self.drain_signal,
         )
         handle = self.launch(paths, BashLauncher().render(plan), name=name)
-        result = self.wait(handle)
+        result = self.wait(handle, on_poll=on_poll)
         result = _with_tails(self, result, paths)
         if raise_on_error and not result.drained and result.exit_code not in (0, None):
             raise SlurmStepFailed(result, f"files in {paths.job_dir}")

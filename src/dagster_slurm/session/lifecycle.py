@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, RunFollower
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.session import RunSession, session_digest
@@ -52,11 +53,14 @@ def run_session_for(
     *,
     pending: Any = None,
     poll_interval: float = 0.25,
+    run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
 ) -> RunSession:
     """This process's session of the context's run for ``owner``'s settings (a resource with
     ``slurm``, ``pre_deployed_env_path``, ``env_packages`` and ``auto_detect_platform``),
     created on first use; nothing is submitted here. The environment is prepared on the
-    session's first need (:func:`~dagster_slurm.jobs.activation.activation_for`)."""
+    session's first need (:func:`~dagster_slurm.jobs.activation.activation_for`). Its waits
+    follow the run (:class:`~dagster_slurm.jobs.follow.RunFollower` of the context's instance,
+    every ``run_status_interval`` seconds): they stop once the run is no longer running."""
     from dagster_slurm.jobs.activation import activation_for
 
     run_id = run_id_of(context)
@@ -67,9 +71,12 @@ def run_session_for(
     digest = session_digest(config.queue_for(slurm.queue), config, launcher, environment)
 
     def factory() -> RunSession:
+        follower = RunFollower(getattr(context, "instance", None), run_id,
+                               interval=run_status_interval)
         return RunSession(
             slurm, run_id, config, launcher, activation=lambda: activation_for(owner, context),
             pending=pending, poll_interval=poll_interval, environment=environment,
+            follow=follower.check,
         )
 
     return session_for(f"{slurm.base_path()}|{run_id}|{digest}", factory)

@@ -9,6 +9,7 @@ from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
 
 from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
@@ -48,13 +49,21 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         default=None, description="Requirements to pack instead of the whole current environment."
     )
     poll_interval: float = Field(default=0.25, description="Seconds between step status reads.")
+    run_status_interval: float = Field(
+        default=DEFAULT_RUN_STATUS_INTERVAL, gt=0,
+        description=(
+            "Seconds between reads of the run's status from the Dagster instance while the "
+            "session waits; a run that is no longer running stops the wait."
+        ),
+    )
 
     def get_session(self, context: Any) -> RunSession:
         """This process's session of the context's run (nothing is submitted yet)."""
         from dagster_slurm.session.lifecycle import run_session_for
 
         return run_session_for(self, context, self.run_allocation, self.launcher,
-                               poll_interval=self.poll_interval)
+                               poll_interval=self.poll_interval,
+                               run_status_interval=self.run_status_interval)
 
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
         """The run's session in this process, as ``ComputeResource.get_run_allocation_session``

@@ -20,6 +20,7 @@ from dagster import PipesClientCompletedInvocation
 
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
+from dagster_slurm.jobs.follow import DagsterRunEnded
 from dagster_slurm.jobs.paths import InvocationPaths, step_identity
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
@@ -132,7 +133,9 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         return handle
 
     def _wait(self, job: SessionStep, handle: StepHandle) -> SlurmStepExecutionResult:
-        return job.allocation.wait(handle, cancel_on_error=False)  # _terminate cancels
+        # _terminate cancels; the wait ends when the run does (the session's follower)
+        return job.allocation.wait(handle, cancel_on_error=False,
+                                   on_poll=self.session.step_follow(handle.name))
 
     def _terminate(self, job: SessionStep, handle: StepHandle, error: BaseException) -> None:
         if isinstance(error, SlurmAllocationEnded):
@@ -140,7 +143,8 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
             self.session.forget(job.allocation, error.result.allocation_state)
             return
         job.allocation.cancel_step_quietly(handle)  # the step must not outlive its Dagster step
-        if not isinstance(error, Exception):  # run termination, KeyboardInterrupt
+        if not isinstance(error, Exception) or isinstance(error, DagsterRunEnded):
+            # run termination, KeyboardInterrupt, a run that ended: teardown cancels
             self.session.interrupted = True
 
     def _outcome(self, job: SessionStep, handle: StepHandle, result: SlurmStepExecutionResult,

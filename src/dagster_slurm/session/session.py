@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
+from dagster_slurm.backoff import sleep_checking
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token
 from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionError
@@ -106,6 +107,12 @@ class RunSession:
     None: the agent of ``slurm``), waits use ``clock`` (monotonic seconds) and ``sleep``;
     unit tests inject an in-memory cluster and a fake clock. Every change of the session
     document is a transition of :mod:`dagster_slurm.state.transitions`.
+
+    ``follow`` (None: nothing) is called between polls whenever the session waits (for a
+    submission, the queue, the allocation's startup, a step), with what it waits for; it
+    raises to stop the wait: a :class:`~dagster_slurm.jobs.follow.RunFollower` of the
+    session's Dagster run raises :class:`~dagster_slurm.jobs.follow.DagsterRunEnded` once
+    the run is no longer running, and an allocation this process submitted is then cancelled.
     """
 
     def __init__(
@@ -122,6 +129,7 @@ class RunSession:
         io: SessionIO | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        follow: Callable[[str], None] | None = None,
     ) -> None:
         self.slurm = slurm
         self.run_id = run_id
@@ -143,11 +151,18 @@ class RunSession:
         self.io: SessionIO = io or AgentSessionIO(slurm, self.paths, self.initial_document())
         self.clock = clock
         self.sleep = sleep
+        self.follow = follow
         self._allocation: SlurmAllocation | None = None
         self._lock = threading.RLock()
         self._heartbeat: _Heartbeat | None = None
         self._closed = False
         self._used = False
+
+    def _pause(self, seconds: float, waiting_for: str) -> None:
+        """Sleep between two polls, calling :attr:`follow` at least every second."""
+        follow = self.follow
+        sleep_checking(self.sleep, seconds,
+                       None if follow is None else (lambda: follow(waiting_for)), 1.0)
 
     def initial_document(self) -> dict[str, Any]:
         """The document the session's first write creates."""
@@ -204,7 +219,7 @@ class RunSession:
         allocation = self.ensure(logger)
         try:
             return allocation.execute(argv, name=name, env=env, activation=self.activation(),
-                                      raise_on_error=raise_on_error)
+                                      raise_on_error=raise_on_error, on_poll=self.step_follow(name))
         except SlurmAllocationEnded as ended:
             self.forget(allocation, ended.result.allocation_state)
             raise
@@ -212,6 +227,13 @@ class RunSession:
             if not isinstance(exc, Exception):
                 self.interrupted = True
             raise
+
+    def step_follow(self, step: str) -> Callable[[], None]:
+        """The ``on_poll`` of a wait on ``step``: calls :attr:`follow` (nothing without one)."""
+        follow = self.follow
+        if follow is None:
+            return lambda: None
+        return lambda: follow(f"step {step} of the run allocation")
 
     def forget(self, allocation: SlurmAllocation, state: str | None = None) -> None:
         """Stop using ``allocation`` (it ended); the next step gets a new one."""
@@ -234,7 +256,7 @@ class RunSession:
             if state is tr.HeadState.ABSENT:
                 job_id, mine = self._submit(out, doc)
                 if job_id is None:
-                    self.sleep(waiting.observe(False))
+                    self._pause(waiting.observe(False), "the run allocation's submission")
                     continue
                 allocation = self._await_ready(job_id, out, mine)
                 if allocation is not None:
@@ -249,7 +271,7 @@ class RunSession:
             if state is tr.HeadState.SUBMITTING:
                 age = read.now - float(record.submitted_at or read.now)
                 if age < SUBMIT_GRACE_SECONDS:
-                    self.sleep(waiting.observe(False))
+                    self._pause(waiting.observe(False), "the run allocation's submission")
                     continue
                 self._settle_in_doubt(record, out)
                 continue
@@ -324,7 +346,7 @@ class RunSession:
                     return None
                 if values is not None:
                     return self._attached(job_id, values, out, mine)
-                self.sleep(watch.delay)
+                self._pause(watch.delay, f"run allocation {job_id}")
         except SlurmJobUnschedulable:
             self._cancel_quietly(job_id, out)
             self._retire(job_id, "job_id", "CANCELLED")

@@ -81,3 +81,54 @@ def test_local_payload_runs_in_this_python_environment(tmp_path):
     assert result.success
     (event,) = result.get_asset_materialization_events()
     assert event.materialization.metadata["path0"].value == str(Path(sys.executable).parent)
+
+
+def test_a_local_step_whose_run_failed_elsewhere_stops_its_process(tmp_path):
+    """The run worker died and Dagster marked the run FAILURE: the step process ends its
+    payload and fails without the materialization the payload had reported."""
+    import os
+    import threading
+    import time
+
+    mark = tmp_path / "pid"
+    payload = tmp_path / "payload.py"
+    payload.write_text(textwrap.dedent(f"""
+        import os, time
+        from dagster_pipes import open_dagster_pipes
+        with open_dagster_pipes() as pipes:
+            pipes.report_asset_materialization(metadata={{"early": 1}})
+            open({str(mark)!r} + ".tmp", "w").write(str(os.getpid()))
+            os.replace({str(mark)!r} + ".tmp", {str(mark)!r})
+            time.sleep(300)
+    """))
+
+    @dg.asset
+    def thing(context: dg.AssetExecutionContext, compute: ComputeResource):
+        yield from compute.run(context=context, payload_path=str(payload)).get_results()
+
+    instance = dg.DagsterInstance.ephemeral()
+    resource = ComputeResource(mode="local", local_base_path=str(tmp_path / "base"),
+                               run_status_interval=0.5)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("result", dg.materialize(
+        [thing], resources={"compute": resource}, instance=instance, raise_on_error=False)),
+        daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(mark.read_text())
+    (run,) = instance.get_runs()
+    instance.report_run_failed(run, "the run worker died (simulated)")
+    thread.join(60)
+    assert not thread.is_alive(), "the step kept waiting on its payload"
+    result = outcome["result"]
+    assert not result.get_asset_materialization_events()
+    failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure and "DagsterRunEnded" in failure[0].step_failure_data.error.to_string()
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "the payload outlived its step"

@@ -278,3 +278,23 @@ def test_a_scheduler_that_does_not_answer_keeps_waiting_and_ends_nothing() -> No
     allocation = session._acquire(_Lines())  # type: ignore[arg-type]
     assert allocation.job_id == "100" and cluster.cancelled == []
     assert cluster.doc()["history"] == {}
+
+
+def test_a_run_that_ends_while_the_allocation_waits_in_the_queue_cancels_it() -> None:
+    from dagster_slurm.jobs.follow import DagsterRunEnded
+
+    session, cluster = _session()
+    asked: list[str] = []
+
+    def follow(waiting_for: str) -> None:
+        asked.append(waiting_for)
+        if cluster.clock.t >= 20:
+            raise DagsterRunEnded(RUN_ID, "FAILURE", waiting_for)
+
+    session.follow = follow
+    cluster.on_submit = lambda job: None  # stays pending
+    with pytest.raises(DagsterRunEnded, match="FAILURE"):
+        session._acquire(_Lines())  # type: ignore[arg-type]
+    assert cluster.cancelled == ["100"]  # it was this process's submission
+    assert 20 <= cluster.clock.t < 22
+    assert asked[-1] == "run allocation 100"
