@@ -11,9 +11,11 @@ outlives it. How long each cleanup took is printed at the end of the module.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -55,6 +57,9 @@ def env(slurm_cluster) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def deployment(env, tmp_path_factory, request) -> Iterator[Deployment]:
+    if importlib.util.find_spec("dagster_webserver") is None:
+        pytest.fail(f"dagster-webserver is not installed for {sys.executable}; it is part of "
+                    "the dev extra (pip install -e '.[dev]')", pytrace=False)
     dev = Deployment(home=tmp_path_factory.mktemp("dagster_home"),
                      env={**env, "DEPLOY_TEST_SENSOR_INTERVAL": "5"})
     try:
