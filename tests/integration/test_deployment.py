@@ -67,8 +67,8 @@ def deployment(env, tmp_path_factory, request) -> Iterator[Deployment]:
         yield dev
     finally:
         killed = dev.stop()
-        lines = [f"{scenario:<34} {what:<44} {took:6.1f} s" for scenario, what, took in TIMINGS]
-        lines.append(f"{'dagster dev':<34} {'stopped (all its processes gone)':<44} "
+        lines = [f"{scenario:<46} {what:<32} {took:6.1f} s" for scenario, what, took in TIMINGS]
+        lines.append(f"{'dagster dev':<46} {'stopped, all its processes gone':<32} "
                      f"{dev.stop_seconds or 0:6.1f} s (SIGKILLed after Ctrl-C: {killed})")
         _print_past_capture(request, ["", "cleanup times (test_deployment):",
                                       *("  " + line for line in lines)])
