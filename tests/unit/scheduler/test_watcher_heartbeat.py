@@ -58,3 +58,29 @@ def test_heartbeat_content_starts_with_the_clock_and_differs_by_sequence() -> No
     first = heartbeat_content(1, clock=lambda: 1234.5)
     assert first.split()[0] == "1234.500" and first.endswith(" 1\n")
     assert heartbeat_content(2, clock=lambda: 1234.5) != first
+
+
+def test_a_poll_with_heartbeats_is_still_one_round_trip(tmp_path: Any) -> None:
+    """Through the real agent (run locally): the status op and the heartbeat writes go in one
+    request; files get 0600; a job directory already removed is not created again."""
+    import stat
+    import sys
+
+    from dagster_slurm.agent.client import AgentClient
+    from dagster_slurm.scheduler.client import SlurmScheduler
+    from dagster_slurm.transport.local import LocalTransport
+
+    agent = AgentClient(LocalTransport(default_timeout=60), str(tmp_path / "base"),
+                        python=sys.executable)
+    scheduler = SlurmScheduler(agent)
+    scheduler.status(["warm-up"])  # installs the agent program
+    (tmp_path / "job").mkdir()
+    live, removed = tmp_path / "job" / "heartbeat", tmp_path / "gone" / "heartbeat"
+    before = agent.transport.stats.round_trips
+    for seq in (1, 2):
+        scheduler.status(["dsl-x"], ["1", "2"], heartbeats={
+            str(live): heartbeat_content(seq), str(removed): heartbeat_content(seq)})
+    assert agent.transport.stats.round_trips - before == 2, "one round trip per poll"
+    assert live.read_text().endswith(" 2\n")
+    assert stat.S_IMODE(live.stat().st_mode) == 0o600
+    assert not removed.parent.exists()
