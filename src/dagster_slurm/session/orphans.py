@@ -271,9 +271,10 @@ def build_slurm_orphan_reconcile_sensor(
 ) -> Any:
     """A Dagster sensor that runs :func:`reconcile_orphaned_slurm_runs` on every tick.
 
-    Give the cluster as ``slurm`` (a :class:`SlurmResource`), or as ``resource_key`` naming a
-    resource of the Definitions (a ``SlurmResource`` or a ``ComputeResource``). Each tick
-    reports what it cancelled in its skip message; it never requests runs.
+    It covers run sessions and asset-scope jobs alike. Give the cluster as ``slurm`` (a
+    :class:`SlurmResource`), or as ``resource_key`` naming a resource of the Definitions (a
+    ``SlurmResource`` or a ``ComputeResource``). Each tick reports what it cancelled in its
+    skip message; it never requests runs.
     ``heartbeat_timeout`` and ``prune_closed_after``: see :func:`reconcile_orphaned_slurm_runs`.
     """
     import dagster as dg
