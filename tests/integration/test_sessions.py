@@ -29,6 +29,7 @@ from compute_support import (
 from session_support import (
     FLAKY_PAYLOAD,
     RAY_SESSION_PAYLOAD,
+    Toucher,
     accounted_jobs,
     active_jobs,
     diamond_job,
@@ -377,30 +378,6 @@ def test_allocation_cancels_itself_without_heartbeat(env, tmp_path):
     assert marker.read_text().strip() == "heartbeat"
 
 
-class _Toucher:
-    """Sets the heartbeat file's mtime every 0.3 s from a thread, as a shared filesystem's
-    attribute cache (an hour-old mtime) or a plain ``touch`` (a fresh one) would show it."""
-
-    def __init__(self, path: str, when: str) -> None:
-        import threading
-
-        self.path, self.when = path, when
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while not self.stop.wait(0.3):
-            subprocess.run(["touch", "-c", "-d", self.when, self.path], check=False)
-
-    def __enter__(self) -> "_Toucher":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(10)
-
-
 @pytest.mark.slow
 def test_dead_mans_switch_judges_heartbeat_content_not_mtime(env):
     slurm = slurm_resource(env)
@@ -413,7 +390,7 @@ def test_dead_mans_switch_judges_heartbeat_content_not_mtime(env):
         ended_by = Path(session.paths.session_dir) / "jobs" / job_id / "ended_by"
         # Fresh content, stale mtime: twice the limit later the allocation is still there.
         stale_mtimes, contents = 0, set()
-        with _Toucher(heartbeat, "1 hour ago"):
+        with Toucher(heartbeat, "1 hour ago"):
             end = time.monotonic() + 2 * 8 + 2
             while time.monotonic() < end:
                 assert active_jobs(env, session.job_name), "a live supervisor's allocation ended"
@@ -424,7 +401,7 @@ def test_dead_mans_switch_judges_heartbeat_content_not_mtime(env):
         assert not ended_by.exists()
         # Stale content, fresh mtime: no process beats any more, the file is only touched.
         session.close(cancel=False)
-        with _Toucher(heartbeat, "now"):
+        with Toucher(heartbeat, "now"):
             assert wait_until(lambda: not active_jobs(env, session.job_name), 60), \
                 "unchanged heartbeat content must end the allocation"
         assert ended_by.read_text().strip() == "heartbeat"

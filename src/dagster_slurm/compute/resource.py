@@ -29,7 +29,7 @@ from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.config import SlurmRunAllocationConfig, check_heartbeat_timeout
 from dagster_slurm.session.session import RunSession
 
 
@@ -72,6 +72,24 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             "Shape of the run's allocation with allocation_scope='run' (an error with 'asset'); "
             "fields left None take the Slurm resource's queue values. None: the queue "
             "configuration as it is."
+        ),
+    )
+    allow_short_heartbeat_timeout: bool = Field(
+        default=False,
+        description=(
+            "Accept a heartbeat_timeout below 120 s (down to 5 s). Only where the base path's "
+            "filesystem shows a write to every node at once: a single-host test cluster, "
+            "local disk, NFS mounted with noac or actimeo=0."
+        ),
+    )
+    heartbeat_timeout: float | None = Field(
+        default=600.0,
+        description=(
+            "Asset scope: seconds without a status poll by the waiting step after which a "
+            "job cancels itself (its dead-man's switch: a job whose step died ends even "
+            "where no sensor runs); None disables it. At least 120 (a shared filesystem may "
+            "show a heartbeat late), or 5 with allow_short_heartbeat_timeout. Run scope "
+            "uses run_allocation.heartbeat_timeout instead."
         ),
     )
     pre_deployed_env_path: str | None = Field(
@@ -138,6 +156,14 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         if self.pre_deployed_env_path is not None and not self.pre_deployed_env_path.startswith("/"):
             raise ValueError(
                 f"pre_deployed_env_path={self.pre_deployed_env_path!r}: must be an absolute path on the cluster"
+            )
+        check_heartbeat_timeout(self.heartbeat_timeout, self.allow_short_heartbeat_timeout)
+        if "heartbeat_timeout" in self.model_fields_set and \
+                self.allocation_scope is SlurmAllocationScope.RUN:
+            raise ConfigurationError(
+                "heartbeat_timeout", self.heartbeat_timeout,
+                "applies to asset-scope jobs only; with allocation_scope='run' set "
+                "run_allocation=SlurmRunAllocationConfig(heartbeat_timeout=...) instead",
             )
         if self.run_allocation is not None and self.allocation_scope is SlurmAllocationScope.ASSET:
             raise ConfigurationError(
@@ -227,7 +253,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         assert self.slurm is not None
         return SlurmRunner(self.slurm, self._pending_policy(), self._prepare_environment,
                            poll_interval=self.pipes_poll_interval,
-                           run_status_interval=self.run_status_interval)
+                           run_status_interval=self.run_status_interval,
+                           heartbeat_timeout=self.heartbeat_timeout)
 
     def _pending_policy(self) -> PendingPolicy:
         return PendingPolicy(self.fatal_pending_reasons, self.pending_log_interval,

@@ -1,7 +1,8 @@
 """One ``compute.run`` in Slurm mode with asset scope: one job per invocation.
 
 Round trips: one to write every file and submit (script, Pipes context, uploaded payload,
-token record, sbatch), one per status poll (shared by all jobs of the process), one per
+heartbeat file, token record, sbatch), one per status poll (shared by all jobs of the
+process; it also rewrites each job's heartbeat file, the job's dead-man's switch), one per
 Pipes tail poll (messages, stdout and stderr together), and one for accounting and cleanup
 together at the end. While waiting, the step reads its own run's status from the Dagster
 instance every ``run_status_interval`` seconds (:mod:`dagster_slurm.jobs.follow`): a run that
@@ -38,7 +39,7 @@ from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
-from dagster_slurm.scheduler.watcher import JobLost, JobWatcher
+from dagster_slurm.scheduler.watcher import JobLost, JobWatcher, heartbeat_content
 from dagster_slurm.slurm.commands import SbatchSpec
 
 __all__ = ["PendingPolicy", "SlurmRunner", "shared_watcher"]
@@ -81,12 +82,15 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         *,
         poll_interval: float = 0.25,
         run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         self.slurm = slurm
         self.pending = pending
         self.prepare_env = prepare_env
         self.poll_interval = poll_interval
         self.run_status_interval = run_status_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        """Seconds without a poll after which the job cancels itself; None: never."""
 
     def _prepare(self, context: Any, request: JobRequest) -> SlurmJob:
         scheduler = self.slurm.scheduler()
@@ -113,12 +117,22 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             env={**pipes.get_bootstrap_env_vars(), **job.request.extra_env},
             activation=job.activation, num_nodes=spec.num_nodes or 1,
             drain_signal=drain_signal_of(self.slurm.queue.signal_before_timeout),
+            heartbeat_file=paths.heartbeat if self.heartbeat_timeout is not None else None,
+            heartbeat_timeout=self.heartbeat_timeout,
         )
+        # The heartbeat file exists from the submission on (a job that starts before the
+        # first poll finds content), and is rewritten by every poll, limit or not (the
+        # orphan reconciliation reads it too). The record names the run and step, so the
+        # reconciliation can tell whose job this is from the record alone.
         files = {paths.script: (job.request.launcher.render(plan), 0o600),
-                 **invocation_files(paths, job.payload, job.injector)}
+                 **invocation_files(paths, job.payload, job.injector),
+                 paths.heartbeat: (heartbeat_content(0), 0o600)}
         token = new_token()
+        run_id, step_key = step_identity(job.context)
+        owner = {"run_id": run_id, "step_key": step_key, "job_name": spec.job_name}
         try:
-            submitted = job.scheduler.submit(spec, state_path=paths.record, files=files, token=token)
+            submitted = job.scheduler.submit(spec, state_path=paths.record, files=files,
+                                             token=token, record_value=owner)
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
         except BaseException:
@@ -135,7 +149,12 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
 
     def _wait(self, job: SlurmJob, handle: str) -> JobObservation:
         watcher = shared_watcher(job.scheduler)
-        watcher.track(handle, job.job_name, status_file=job.paths.status)
+        if self.heartbeat_timeout is not None:
+            # A short limit (allowed for test clusters) must not end a job whose step polls
+            # at the normal ceiling of 10 s: poll at least four times per limit.
+            watcher.backoff.cap(self.heartbeat_timeout / 4)
+        watcher.track(handle, job.job_name, status_file=job.paths.status,
+                      heartbeat_file=job.paths.heartbeat)
         tracker = PendingTracker(handle, self.pending, job.context.log.info, job.reader.wake)
         follower = follower_for(job.context, self.run_status_interval)
 

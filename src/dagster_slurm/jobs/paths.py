@@ -58,7 +58,7 @@ class InvocationPaths:
         """Names of the library's own files in the job directory (an upload must not clash)."""
         return frozenset(p.rsplit("/", 1)[1] for p in (
             self.script, self.context, self.messages, self.stdout, self.stderr,
-            self.status, self.drain, self.record, self.pid,
+            self.status, self.drain, self.record, self.pid, self.heartbeat, self.ended_by,
         ))
 
     def upload_target(self, name: str) -> str:
@@ -98,6 +98,17 @@ class InvocationPaths:
     @property
     def record(self) -> str:
         return self.file("job.json")
+
+    @property
+    def heartbeat(self) -> str:
+        """Rewritten with new content by every status poll of the waiting step (asset
+        scope); the job's watchdog ends the job when its content stops changing."""
+        return self.file("heartbeat")
+
+    @property
+    def ended_by(self) -> str:
+        """Written by the job's watchdog (``heartbeat``) when it cancelled the job."""
+        return self.file("ended_by")
 
 
 def job_name_for(run_id: str, step_key: str) -> str:

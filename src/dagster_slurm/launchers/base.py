@@ -17,6 +17,7 @@ reach the payload literally.
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -170,6 +171,12 @@ class ExecutionPlan:
     """The signal that means "drain"; None: :data:`DEFAULT_DRAIN_SIGNAL`."""
     pid_file: str | None = None
     """Receives the payload's process-group id after launch; None: not written."""
+    heartbeat_file: str | None = None
+    """The file whose content the waiting step keeps changing (asset scope, slurm mode);
+    None: no dead-man's switch. Set together with ``heartbeat_timeout``."""
+    heartbeat_timeout: float | None = None
+    """Seconds the content of ``heartbeat_file`` may stay unchanged before the job cancels
+    itself (rounded up to whole seconds); None: no dead-man's switch."""
 
     def __post_init__(self) -> None:
         payload = self.payload
@@ -186,7 +193,7 @@ class ExecutionPlan:
             raise ConfigurationError("payload", payload, "the program name must not be empty")
         for name in ("job_dir", "status_file", "drain_file"):
             validate_absolute_path(name, getattr(self, name))
-        for name in ("activation", "pid_file"):
+        for name in ("activation", "pid_file", "heartbeat_file"):
             if getattr(self, name) is not None:
                 validate_absolute_path(name, getattr(self, name))
         if self.mode not in EXECUTION_MODES:
@@ -197,9 +204,33 @@ class ExecutionPlan:
             raise ConfigurationError("num_nodes", self.num_nodes, "must be at least 1")
         if self.drain_signal is not None:
             normalize_drain_signal("drain_signal", self.drain_signal)
+        self._check_heartbeat()
         # Freeze the argv and the environment so that a rendered plan cannot change later.
         object.__setattr__(self, "payload", tuple(payload))
         object.__setattr__(self, "env", MappingProxyType(validate_env(self.env, field="env")))
+
+    def _check_heartbeat(self) -> None:
+        if (self.heartbeat_file is None) != (self.heartbeat_timeout is None):
+            raise ConfigurationError(
+                "heartbeat_timeout", self.heartbeat_timeout,
+                "needs heartbeat_file, and heartbeat_file needs it (give both or neither)",
+            )
+        if self.heartbeat_timeout is None:
+            return
+        limit = self.heartbeat_timeout
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise ConfigurationError("heartbeat_timeout", limit, "must be a positive number of seconds")
+        if self.mode != "slurm":
+            raise ConfigurationError(
+                "heartbeat_timeout", limit, "is used in slurm mode only (the job cancels itself)"
+            )
+
+    @property
+    def heartbeat_seconds(self) -> str:
+        """``heartbeat_timeout`` as whole seconds for the script (``""``: no limit)."""
+        if self.heartbeat_timeout is None:
+            return ""
+        return str(max(1, math.ceil(self.heartbeat_timeout)))
 
     @property
     def drain_signal_name(self) -> str:

@@ -121,5 +121,7 @@ def render_prologue(plan: ExecutionPlan, *, launcher: str) -> str:
             "activation": plan.activation or "",
             "env": assignments,
             "payload": list(plan.payload),
+            "heartbeat_file": plan.heartbeat_file or "",
+            "heartbeat_timeout": plan.heartbeat_seconds,
         },
     )

@@ -9,6 +9,7 @@ only for known jobs that have left ``squeue``). The counts are kept in
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import shlex
 import threading
@@ -48,6 +49,8 @@ from dagster_slurm.slurm import (
     squeue_argv,
 )
 from dagster_slurm.transport.base import CommandResult
+
+log = logging.getLogger("dagster_slurm.scheduler")
 
 
 @dataclass
@@ -244,11 +247,24 @@ class SlurmScheduler:
         *,
         status_files: Mapping[str, str] | None = None,
         accounting: bool = True,
+        heartbeats: Mapping[str, str] | None = None,
     ) -> StatusSnapshot:
-        """One squeue for every job of ``job_names``; sacct only for known ids it lacks."""
+        """One squeue for every job of ``job_names``; sacct only for known ids it lacks.
+
+        ``heartbeats`` (path -> content) are written in the same round trip (0600, atomic,
+        never creating a directory: a job directory already removed stays removed); a
+        write that fails is logged and does not affect the answer.
+        """
         op = self.status_op(job_names, known_ids, status_files=status_files, accounting=accounting)
-        response = self.agent.call([op.to_request()], timeout=self.agent.budget([op]))
-        return self.snapshot(op.decode(response.results[0], 0), response.now)
+        with self.agent.batch() as batch:
+            status = batch.add(op)
+            beats = [(path, batch.add(write_file_op(path, content)))
+                     for path, content in (heartbeats or {}).items()]
+        for path, beat in beats:
+            if not beat.ok:
+                log.debug("heartbeat %s not written: %s", path, (beat.raw or {}).get("error"))
+        now = batch.response.now if batch.response else None
+        return self.snapshot(status.result(), now)
 
     def status_op(
         self,

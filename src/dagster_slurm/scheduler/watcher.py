@@ -8,12 +8,17 @@ decides how a job ended; a status file only gives the exit code.
 The interval backs off while nothing changes and resets on a change; it is kept below half
 of ``MinJobAge`` once that is known, so a final state is normally read from ``squeue``
 itself. Threads waiting on different jobs share polls: a poll younger than the current
-interval is reused.
+interval is reused. A job tracked with a heartbeat file gets new content in it (this
+machine's clock, host, pid and a sequence number) with every poll, in the same round trip:
+that is what keeps its job script's dead-man's switch from firing, and what the orphan
+reconciliation reads as the waiting step's sign of life.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +40,14 @@ LOST_AFTER_POLLS = 5
 class _Tracked:
     job_name: str
     status_file: str | None
+    heartbeat_file: str | None = None
+
+
+def heartbeat_content(seq: int, clock: Callable[[], float] = time.time) -> str:
+    """One heartbeat's text: ``<epoch seconds> <host> <pid> <seq>`` (new at every call with
+    a new ``seq``). The first word is this machine's clock, what the orphan reconciliation
+    compares with its own."""
+    return f"{clock():.3f} {socket.gethostname()} {os.getpid()} {seq}\n"
 
 
 class JobLost(Exception):
@@ -65,11 +78,14 @@ class JobWatcher:
         self._last_states: dict[str, object] = {}
         self._unseen: dict[str, int] = {}
         self._min_job_age_checked = False
+        self._beats = 0
 
-    def track(self, job_id: str, job_name: str, status_file: str | None = None) -> None:
-        """Include ``job_id`` (of ``job_name``) in every poll from now on."""
+    def track(self, job_id: str, job_name: str, status_file: str | None = None,
+              heartbeat_file: str | None = None) -> None:
+        """Include ``job_id`` (of ``job_name``) in every poll from now on; with
+        ``heartbeat_file``, every poll also writes new content to it."""
         with self._lock:
-            self._tracked[job_id] = _Tracked(job_name, status_file)
+            self._tracked[job_id] = _Tracked(job_name, status_file, heartbeat_file)
             self._last_at = float("-inf")
 
     def untrack(self, job_id: str) -> None:
@@ -92,8 +108,12 @@ class JobWatcher:
             tracked = dict(self._tracked)
             names = sorted({t.job_name for t in tracked.values()})
             files = {j: t.status_file for j, t in tracked.items() if t.status_file}
+            self._beats += 1
+            beats = {t.heartbeat_file: heartbeat_content(self._beats)
+                     for t in tracked.values() if t.heartbeat_file}
             snapshot = self.scheduler.status(
-                names, list(tracked), status_files=files, accounting=self.accounting
+                names, list(tracked), status_files=files, accounting=self.accounting,
+                heartbeats=beats,
             )
             self._record(snapshot, tracked)
             self._last, self._last_at = snapshot, self._clock()

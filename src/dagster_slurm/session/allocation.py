@@ -41,6 +41,13 @@ log = logging.getLogger("dagster_slurm.session")
 #: every ``poll_interval``; the pause grows by a quarter per read up to this).
 MAX_STEP_POLL_INTERVAL = 2.0
 
+#: File in a step's invocation directory holding its Slurm step id (written by the step).
+STEP_ID_FILE = "slurm_step_id"
+#: First setup line of every step, run after the job script's signal traps are set and
+#: before the payload starts: records the Slurm step id, which the step server needs to
+#: send the drain signal to this step (and the step's accounting to find its line).
+RECORD_STEP_ID = f"printf '%s\\n' \"${{SLURM_STEP_ID:-}}\" > {STEP_ID_FILE} 2>/dev/null"
+
 
 @dataclass(frozen=True)
 class StepHandle:
@@ -150,7 +157,8 @@ class SlurmAllocation:
         step_name = safe_name(name, 80)
         script_path = paths.file("dagster_slurm_step.sh")
         request = "\n".join(
-            [script_path, paths.stdout, paths.stderr, paths.status, paths.drain, step_name]
+            [script_path, paths.stdout, paths.stderr, paths.status, paths.drain, step_name,
+             paths.file(STEP_ID_FILE)]
         ) + "\n"
         agent = self.scheduler.agent
         with agent.batch() as batch:
@@ -215,9 +223,12 @@ class SlurmAllocation:
                 drain_signal = chunks[1].data.decode("utf-8", "replace").strip() or None \
                     if chunks[1].exists else None
                 if exit_code is not None or (chunks[0].exists and ended_state is not None):
-                    return SlurmStepExecutionResult(
+                    result = SlurmStepExecutionResult(
                         self.job_id, handle.name, exit_code, drain_signal is not None, drain_signal,
                     )
+                    if ended_state is None and (result.drained or exit_code != 0):
+                        self._raise_if_ending(result)
+                    return result
                 if ended_state is not None:
                     raise SlurmAllocationEnded(
                         SlurmStepExecutionResult(
@@ -242,6 +253,30 @@ class SlurmAllocation:
             if cancel_on_error:
                 self.cancel_step_quietly(handle)
             raise
+
+    def _raise_if_ending(self, result: SlurmStepExecutionResult) -> None:
+        """A step that reports a drain or a failure may have been stopped by the end of its
+        allocation (``scancel`` of the allocation, its walltime): Slurm signals every step
+        then, and with TERM as drain signal a cancel looks like a drain. One squeue decides:
+        an allocation that is no longer RUNNING raises :class:`SlurmAllocationEnded` with
+        its state and the step's result. When squeue does not answer, the step's own report
+        stands (logged): a drain is never turned into an error on an unknown."""
+        try:
+            snapshot = self.scheduler.status([self.job_name], [self.job_id], accounting=False)
+        except DagsterSlurmError as exc:
+            log.warning("allocation %s not checked after step %s reported %s (%s); the step's "
+                        "own report stands", self.job_id, result.step_name,
+                        "a drain" if result.drained else f"exit code {result.exit_code}", exc)
+            return
+        observed = snapshot.job(self.job_id)
+        state = observed.state.value if observed.state is not None else snapshot.ended_state(self.job_id)
+        if state is None or state == JobState.RUNNING.value:
+            return
+        raise SlurmAllocationEnded(
+            dataclasses.replace(result, allocation_state=state),
+            f"allocation {self.job_id} is {state}: it ended under step {result.step_name} "
+            f"(which reported {'a drain' if result.drained else f'exit code {result.exit_code}'})",
+        )
 
     def cancel_step_quietly(self, handle: StepHandle) -> None:
         """:meth:`cancel_step`, logging (not raising) when the request cannot be written:
@@ -284,7 +319,8 @@ class SlurmAllocation:
             drain_file=paths.drain, mode="slurm", env=variables, activation=activation,
             drain_signal=self.drain_signal,
         )
-        handle = self.launch(paths, BashLauncher().render(plan), name=name)
+        launcher = BashLauncher(pre_start_commands=[RECORD_STEP_ID])
+        handle = self.launch(paths, launcher.render(plan), name=name)
         result = self.wait(handle, on_poll=on_poll)
         result = _with_tails(self, result, paths)
         if raise_on_error and not result.drained and result.exit_code not in (0, None):

@@ -65,6 +65,29 @@ SHAPE_FIELDS: tuple[str, ...] = (
 MIN_SHARED_FS_HEARTBEAT_TIMEOUT = 120.0
 
 
+def check_heartbeat_timeout(value: float | None, allow_short: bool,
+                            field: str = "heartbeat_timeout") -> float | None:
+    """``value`` as a dead-man's switch limit in seconds (None: disabled), checked.
+
+    At least 5 s, and at least :data:`MIN_SHARED_FS_HEARTBEAT_TIMEOUT` unless
+    ``allow_short`` (the ``allow_short_heartbeat_timeout`` field of the caller). Raises
+    :class:`ConfigurationError` naming ``field``. Shared by the run allocation's limit and
+    the asset-scope jobs' limit (``ComputeResource.heartbeat_timeout``).
+    """
+    if value is not None and value < 5:
+        raise ConfigurationError(field, value, "must be at least 5 seconds (or None to disable)")
+    if value is not None and value < MIN_SHARED_FS_HEARTBEAT_TIMEOUT and not allow_short:
+        raise ConfigurationError(
+            field, value,
+            f"must be at least {MIN_SHARED_FS_HEARTBEAT_TIMEOUT:g} seconds: a shared "
+            "filesystem may show a heartbeat to the compute node up to a minute late "
+            "(NFS attribute caching), and a shorter limit can cancel a live run. Use 120 "
+            "or more, None to disable, or set allow_short_heartbeat_timeout=True where the "
+            "library's base path on the cluster is on a filesystem without such caching",
+        )
+    return value
+
+
 class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
     """The allocation a run-scoped session submits once and shares between the run's steps.
 
@@ -168,21 +191,7 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
     @field_validator("heartbeat_timeout")
     @classmethod
     def _timeout(cls, value: float | None, info: Any) -> float | None:
-        if value is not None and value < 5:
-            raise ConfigurationError(
-                "heartbeat_timeout", value, "must be at least 5 seconds (or None to disable)"
-            )
-        short_ok = bool(info.data.get("allow_short_heartbeat_timeout"))
-        if value is not None and value < MIN_SHARED_FS_HEARTBEAT_TIMEOUT and not short_ok:
-            raise ConfigurationError(
-                "heartbeat_timeout", value,
-                f"must be at least {MIN_SHARED_FS_HEARTBEAT_TIMEOUT:g} seconds: a shared "
-                "filesystem may show a heartbeat to the compute node up to a minute late "
-                "(NFS attribute caching), and a shorter limit can cancel a live run. Use 120 "
-                "or more, None to disable, or set allow_short_heartbeat_timeout=True where the "
-                "session directory is on a filesystem without such caching",
-            )
-        return value
+        return check_heartbeat_timeout(value, bool(info.data.get("allow_short_heartbeat_timeout")))
 
     @model_validator(mode="after")
     def _check_combination(self) -> SlurmRunAllocationConfig:

@@ -1,48 +1,64 @@
-"""Find run sessions whose supervisor died, cancel their allocations and fail their runs.
+"""Find orphaned Slurm work of dead Dagster runs: run sessions and asset-scope jobs.
 
 A session is an orphan when its run is unfinished in the Dagster instance but no process
 has written its heartbeat, and the run has written no event, for ``heartbeat_timeout``
-seconds (the run's process was SIGKILLed, its machine died), or when its run has finished but an allocation of the
-session is still in the queue (a teardown that could not cancel). Sessions of runs the
-instance does not know are left alone: the base path may be shared with other deployments.
+seconds (the run's process was SIGKILLed, its machine died), or when its run has finished
+but an allocation of the session is still in the queue (a teardown that could not cancel).
+An asset-scope job is an orphan on the same two grounds, its heartbeat being the waiting
+step's status polls (see :mod:`~dagster_slurm.session.orphan_assets`); a finished run's
+jobs are cancelled without failing the run again. Work of runs the instance does not know
+is left alone: the base path may be shared with other deployments. When the instance
+cannot be read or squeue does not answer, everything is kept and the reason logged.
 
-Cost: one round trip lists the session documents, one reads them, one squeue covers every
-candidate's job name; each orphan costs one scancel and one transaction. Sessions closed
-longer ago than ``prune_closed_after`` (7 days) are removed in one more round trip, so the
-scan stays short.
+Cost: one round trip lists the session documents and the asset jobs' records, one reads
+them (heartbeat files included), one squeue covers every candidate's job name; each orphan
+costs one scancel (and a session one transaction). Sessions closed longer ago than
+``prune_closed_after`` (7 days) are removed in one more round trip, so the scan stays short.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from pydantic import ValidationError
-
-from dagster_slurm.agent import exec_op, read_op, txn_op
-from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
+from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.scheduler.client import StatusSnapshot
-from dagster_slurm.session.paths import SESSIONS_DIR
+from dagster_slurm.session.orphan_assets import AssetJobRecord, judge_asset_job
+from dagster_slurm.session.orphan_io import (
+    AgentOrphanIO,
+    OrphanIO,
+    OrphanListing,
+    SessionRecord,
+)
+from dagster_slurm.session.orphan_runs import FINISHED as _FINISHED
+from dagster_slurm.session.orphan_runs import UNFINISHED as _UNFINISHED
+from dagster_slurm.session.orphan_runs import Unknown as _Unknown
+from dagster_slurm.session.orphan_runs import quiet_for as _quiet_for
+from dagster_slurm.session.orphan_runs import run_of as _run_of
 from dagster_slurm.state.schema import SessionDocument
-from dagster_slurm.state.transitions import Change, close_session, document
+from dagster_slurm.state.transitions import Change, close_session
+
+__all__ = [
+    "AgentOrphanIO", "OrphanIO", "OrphanListing", "OrphanReport", "SessionRecord",
+    "build_slurm_orphan_reconcile_sensor", "reconcile_orphaned_slurm_runs",
+]
 
 log = logging.getLogger("dagster_slurm.session")
-
-_UNFINISHED = frozenset({"STARTED", "STARTING", "CANCELING", "NOT_STARTED", "QUEUED"})
-_FINISHED = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
 
 
 @dataclass(frozen=True)
 class OrphanReport:
-    """One session the reconciliation acted on.
+    """One run session or asset-scope job the reconciliation acted on.
 
-    ``run_id``: the Dagster run. ``job_name``: the session's Slurm job name. ``job_ids``:
-    its jobs that were still in the queue (and were cancelled). ``reason``: why it was
-    judged orphaned. ``run_marked_failed``: whether the run was marked failed.
+    ``run_id``: the Dagster run. ``job_name``: the session's (or the asset job's) Slurm job
+    name. ``job_ids``: its jobs that were still in the queue (and were cancelled).
+    ``reason``: why it was judged orphaned. ``run_marked_failed``: whether the run was
+    marked failed (by this report; a run is marked once per reconciliation). ``scope``:
+    ``"run"`` for a run session, ``"asset"`` for an asset-scope job. ``step_key``: the
+    step that submitted an asset-scope job (None for a session).
     """
 
     run_id: str
@@ -50,92 +66,8 @@ class OrphanReport:
     job_ids: tuple[str, ...]
     reason: str
     run_marked_failed: bool
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """One session document as the reconciliation read it: its ``path`` on the cluster, the
-    typed ``doc``, and the login node's clock at the read (``now``)."""
-
-    path: str
-    doc: SessionDocument
-    now: float
-
-
-class OrphanIO(Protocol):
-    """What the reconciliation asks of the cluster (unit tests give an in-memory one)."""
-
-    def sessions(self) -> list[SessionRecord]:
-        """Every readable session document under the base path (unreadable ones skipped)."""
-
-    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
-        """One squeue for the job names."""
-
-    def cancel(self, job_name: str) -> None:
-        """scancel every job of ``job_name``."""
-
-    def apply(self, path: str, change: Change) -> None:
-        """Apply a transition to the document at ``path`` under its lock."""
-
-    def prune(self, session_dirs: Sequence[str]) -> None:
-        """Remove closed sessions' directories."""
-
-
-class AgentOrphanIO:
-    """:class:`OrphanIO` through the agent of ``slurm`` (a SlurmResource): listing and
-    reading the documents is two round trips whatever their number."""
-
-    def __init__(self, slurm: SlurmResource) -> None:
-        self.slurm = slurm
-
-    def sessions(self) -> list[SessionRecord]:
-        agent = self.slurm.agent()
-        root = f"{self.slurm.base_path()}/{SESSIONS_DIR}"
-        found = agent.run(exec_op(
-            ["find", root, "-mindepth", "2", "-maxdepth", "2", "-name", "allocation.json"],
-            timeout=60,
-        ))
-        paths = [p for p in found.stdout.splitlines() if p.strip()]
-        if not paths:
-            return []
-        with agent.batch() as batch:
-            reads = [batch.add(read_op(path)) for path in paths]
-        now = batch.response.now if batch.response else 0.0
-        records = []
-        for path, pending in zip(paths, reads, strict=True):
-            try:
-                doc = document(pending.result().doc)
-            except (DagsterSlurmError, ValidationError) as exc:
-                log.warning("skipping unreadable session document %s (left as it is): %s",
-                            path, exc)
-                continue
-            if doc is not None:
-                records.append(SessionRecord(path, doc, now))
-        return records
-
-    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
-        return self.slurm.scheduler().status(list(job_names), accounting=False)
-
-    def cancel(self, job_name: str) -> None:
-        self.slurm.scheduler().cancel(job_name=job_name)
-
-    def apply(self, path: str, change: Change) -> None:
-        lock = path.rsplit("/", 1)[0] + "/lock"
-        self.slurm.agent().run(txn_op(path, lock, change.patch))
-
-    def prune(self, session_dirs: Sequence[str]) -> None:
-        """Remove closed sessions' directories, in one round trip."""
-        from dagster_slurm.agent import remove_op
-
-        root = f"{self.slurm.base_path()}/{SESSIONS_DIR}"
-        with self.slurm.agent().batch() as batch:
-            removals = [batch.add(remove_op(path, root=root)) for path in session_dirs]
-        for path, removal in zip(session_dirs, removals, strict=True):
-            try:
-                removal.result()
-                log.info("removed closed run session %s", path)
-            except DagsterSlurmError as exc:
-                log.warning("could not remove closed run session %s: %s", path, exc)
+    scope: str = "run"
+    step_key: str | None = None
 
 
 def _last_sign_of_life(doc: SessionDocument) -> float | None:
@@ -144,34 +76,6 @@ def _last_sign_of_life(doc: SessionDocument) -> float | None:
              head.submitted_at if head else None, doc.created_at]
     known = [float(t) for t in times if t is not None]
     return max(known) if known else None
-
-
-class _Unknown(Exception):
-    """The instance could not say what a session's run is doing; ``args[0]`` says why."""
-
-
-def _quiet_for(instance: Any, run_id: str, clock: Callable[[], float] = time.time) -> float | None:
-    """Seconds since the run's last event in the instance (None when it has none).
-
-    Raises :class:`_Unknown` when the events cannot be read: a run whose activity is
-    unknown is never judged quiet.
-    """
-    try:
-        records = instance.get_records_for_run(run_id, ascending=False, limit=1).records
-    except Exception as exc:  # noqa: BLE001 - turned into _Unknown, which keeps the session
-        raise _Unknown(f"its events could not be read ({type(exc).__name__}: {exc})") from exc
-    if not records:
-        return None
-    return max(0.0, clock() - records[0].event_log_entry.timestamp)
-
-
-def _run_of(instance: Any, run_id: str) -> Any:
-    """The instance's run ``run_id`` (None when the instance does not know it); raises
-    :class:`_Unknown` when the instance cannot be read."""
-    try:
-        return instance.get_run_by_id(run_id)
-    except Exception as exc:  # noqa: BLE001 - turned into _Unknown, which keeps the session
-        raise _Unknown(f"the run could not be read ({type(exc).__name__}: {exc})") from exc
 
 
 def _judge(instance: Any, doc: SessionDocument, now: float, heartbeat_timeout: float,
@@ -219,12 +123,15 @@ def reconcile_orphaned_slurm_runs(
     io: OrphanIO | None = None,
     clock: Callable[[], float] = time.time,
 ) -> list[OrphanReport]:
-    """Cancel the allocations of orphaned run sessions and mark their runs failed.
+    """Cancel orphaned Slurm work: run sessions' allocations and asset-scope jobs.
 
-    ``heartbeat_timeout``: seconds without a supervisor heartbeat, and without any event of
-    the run in the instance, after which an unfinished run's session counts as orphaned.
-    Keep it above the sessions' heartbeat_interval and above the longest gap between steps
-    that use the session (under the multiprocess executor no process beats between them).
+    ``heartbeat_timeout``: seconds without a supervisor heartbeat (for an asset-scope job:
+    without a status poll by its step), and without any event of the run in the instance,
+    after which an unfinished run's session or job counts as orphaned; such a run is
+    marked failed. Keep it above the sessions' heartbeat_interval and above the longest
+    gap between steps that use the session (under the multiprocess executor no process
+    beats between them). Jobs and allocations of finished runs (asset-scope jobs also of
+    CANCELING runs) still in the queue are cancelled, the run left as it is.
     ``dry_run``: report only. ``prune_closed_after``: session directories (document, logs,
     kept step files) of sessions closed longer ago than this many seconds are removed
     (None keeps them). Returns what was (or would be) done about orphans.
@@ -234,44 +141,85 @@ def reconcile_orphaned_slurm_runs(
         if slurm is None:
             raise ConfigurationError("slurm", slurm, "give the SlurmResource of the cluster")
         io = AgentOrphanIO(slurm)
-    candidates, prunable = _sort_sessions(io, instance, heartbeat_timeout, prune_closed_after,
-                                          clock)
+    listing = io.listing()
+    candidates, prunable = _sort_sessions(listing, instance, heartbeat_timeout,
+                                          prune_closed_after, clock)
+    jobs = _sort_asset_jobs(listing, instance, heartbeat_timeout, clock)
     if prunable and not dry_run:
         io.prune(prunable)
-    if not candidates:
+    if not candidates and not jobs:
         return []
-    snapshot = io.queue([record.doc.job_name for record, _, _ in candidates])
+    names = [record.doc.job_name for record, _, _ in candidates]
+    names += [record.job_name for record, _, _ in jobs if record.job_name not in names]
+    snapshot = io.queue(names)
+    if not snapshot.certain:
+        log.warning("candidate orphan(s) %s kept: the scheduler did not answer (%s); the "
+                    "next reconciliation decides", ", ".join(names), snapshot.error or "no answer")
+        return []
+    failed: set[str] = set()
     reports = []
     for record, reason, run in candidates:
         doc = record.doc
-        if not snapshot.certain:
-            log.warning("run session %s (run %s) kept: the scheduler did not answer (%s); "
-                        "the next reconciliation decides", doc.job_name, doc.run_id,
-                        snapshot.error or "no answer")
-            continue
         live = tuple(
             job_id for job_id, queued in snapshot.queue.items()
             if queued.name == doc.job_name and queued.state.active
         )
         if run is None and not live:
             continue  # finished run, nothing left in the queue
-        report = OrphanReport(str(doc.run_id), doc.job_name, live, reason, run is not None)
+        report = OrphanReport(str(doc.run_id), doc.job_name, live, reason,
+                              _fails(run, doc.run_id, failed))
         reports.append(report)
-        if dry_run:
-            continue
-        _act(instance, io, record.path, report, run)
+        if not dry_run:
+            _act(instance, io, record.path, report, run)
+    for job, reason, run in jobs:
+        queued = snapshot.queue.get(str(job.job_id))
+        if queued is None or queued.name != job.job_name or not queued.state.active:
+            continue  # the job has left the queue: nothing to cancel, nothing to fail
+        report = OrphanReport(job.run_id, job.job_name, (str(job.job_id),), reason,
+                              _fails(run, job.run_id, failed), "asset", job.step_key)
+        reports.append(report)
+        if not dry_run:
+            _act_on_job(instance, io, report, run)
     return reports
 
 
-def _sort_sessions(
-    io: OrphanIO, instance: Any, heartbeat_timeout: float, prune_closed_after: float | None,
+def _fails(run: Any, run_id: str | None, failed: set[str]) -> bool:
+    """Whether this report marks ``run`` failed: it is to be failed and no earlier report
+    of this reconciliation did (``failed`` collects the run ids)."""
+    if run is None or run_id is None or run_id in failed:
+        return False
+    failed.add(run_id)
+    return True
+
+
+def _sort_asset_jobs(
+    listing: OrphanListing, instance: Any, heartbeat_timeout: float,
     clock: Callable[[], float],
+) -> list[tuple[AssetJobRecord, str, Any]]:
+    """Asset-scope jobs judged orphaned, with reason and run (to fail, or None)."""
+    candidates: list[tuple[AssetJobRecord, str, Any]] = []
+    for record in listing.asset_jobs:
+        try:
+            judged = judge_asset_job(instance, record, heartbeat_timeout, clock)
+        except _Unknown as unknown:
+            log.warning("asset job %s (job %s, run %s) kept: %s; the next reconciliation or "
+                        "its dead-man's switch decides", record.job_name, record.job_id,
+                        record.run_id, unknown.args[0])
+            continue
+        if judged is not None:
+            candidates.append((record, *judged))
+    return candidates
+
+
+def _sort_sessions(
+    listing: OrphanListing, instance: Any, heartbeat_timeout: float,
+    prune_closed_after: float | None, clock: Callable[[], float],
 ) -> tuple[list[tuple[SessionRecord, str, Any]], list[str]]:
     """``(candidates, prunable)``: open sessions judged orphaned (with reason and run), and
     directories of sessions closed longer than ``prune_closed_after``."""
     candidates: list[tuple[SessionRecord, str, Any]] = []
     prunable: list[str] = []
-    for record in io.sessions():
+    for record in listing.sessions:
         doc = record.doc
         if doc.closed_at is not None:
             if prune_closed_after is not None and record.now - doc.closed_at > prune_closed_after:
@@ -290,11 +238,24 @@ def _act(instance: Any, io: OrphanIO, path: str, report: OrphanReport, run: Any)
     closing = close_session(None, reason=f"orphan: {report.reason}")
     assert isinstance(closing, Change)
     io.apply(path, closing)
-    if run is not None:
+    if report.run_marked_failed:
         instance.report_run_failed(
             run,
             f"dagster-slurm: the run's supervising process stopped ({report.reason}); its Slurm "
             f"allocation(s) {', '.join(report.job_ids) or '(none queued)'} were cancelled",
+        )
+
+
+def _act_on_job(instance: Any, io: OrphanIO, report: OrphanReport, run: Any) -> None:
+    log.warning("orphaned asset job %s (job %s, run %s, step %s): %s; cancelling it",
+                report.job_name, ", ".join(report.job_ids), report.run_id, report.step_key,
+                report.reason)
+    io.cancel_jobs(report.job_ids)
+    if report.run_marked_failed:
+        instance.report_run_failed(
+            run,
+            f"dagster-slurm: the step {report.step_key} stopped polling its Slurm job "
+            f"({report.reason}); job {', '.join(report.job_ids)} was cancelled",
         )
 
 
@@ -310,9 +271,10 @@ def build_slurm_orphan_reconcile_sensor(
 ) -> Any:
     """A Dagster sensor that runs :func:`reconcile_orphaned_slurm_runs` on every tick.
 
-    Give the cluster as ``slurm`` (a :class:`SlurmResource`), or as ``resource_key`` naming a
-    resource of the Definitions (a ``SlurmResource`` or a ``ComputeResource``). Each tick
-    reports what it cancelled in its skip message; it never requests runs.
+    It covers run sessions and asset-scope jobs alike. Give the cluster as ``slurm`` (a
+    :class:`SlurmResource`), or as ``resource_key`` naming a resource of the Definitions (a
+    ``SlurmResource`` or a ``ComputeResource``). Each tick reports what it cancelled in its
+    skip message; it never requests runs.
     ``heartbeat_timeout`` and ``prune_closed_after``: see :func:`reconcile_orphaned_slurm_runs`.
     """
     import dagster as dg
@@ -345,9 +307,10 @@ def build_slurm_orphan_reconcile_sensor(
         finally:
             cluster.release()
         if not reports:
-            return dg.SkipReason("no orphaned Slurm run sessions")
+            return dg.SkipReason("no orphaned Slurm run sessions or asset jobs")
         return dg.SkipReason("; ".join(
-            f"run {r.run_id}: cancelled {', '.join(r.job_ids) or 'nothing'} ({r.reason})"
+            f"run {r.run_id}: cancelled {', '.join(r.job_ids) or 'nothing'}"
+            f"{f' of step {r.step_key}' if r.step_key else ''} ({r.reason})"
             for r in reports
         ))
 

@@ -4,7 +4,7 @@ Layout under ``<base>/sessions/<run id>-<config digest>/``::
 
     allocation.json            the session document (see dagster_slurm.state.schema)
     lock                       its lock directory
-    heartbeat                  touched by the supervisors; its mtime feeds the dead-man's switch
+    heartbeat                  rewritten by the supervisors; its content feeds the dead-man's switch
     allocation-<job id>.log    the allocation's batch output (Ray start, step server)
     submit/<token>/            the allocation's batch script and step server, per submission
     jobs/<job id>/             per allocation: nodes, ready, drained, requests/, steps/

@@ -27,7 +27,12 @@ from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, Payload
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.scheduler.pacing import PollBackoff
-from dagster_slurm.session.allocation import SlurmAllocation, StepHandle
+from dagster_slurm.session.allocation import (
+    RECORD_STEP_ID,
+    STEP_ID_FILE,
+    SlurmAllocation,
+    StepHandle,
+)
 from dagster_slurm.session.config import refuse_mismatches
 from dagster_slurm.session.errors import (
     SlurmAllocationEnded,
@@ -59,9 +64,7 @@ def check_step(session: RunSession, launcher: ComputeLauncher, overrides: Mappin
         )
 
 
-STEP_ID_FILE = "slurm_step_id"
-#: First setup line of every step: records the Slurm step id (for the step's accounting).
-_RECORD_STEP_ID = f"printf '%s\\n' \"${{SLURM_STEP_ID:-}}\" > {STEP_ID_FILE} 2>/dev/null"
+_RECORD_STEP_ID = RECORD_STEP_ID
 
 
 def step_launcher(launcher: ComputeLauncher) -> ComputeLauncher:

@@ -6,13 +6,20 @@
 #
 #   * <job dir>/nodes lists the allocation's hosts, <job dir>/ready says the allocation
 #     accepts steps (written once, atomically, with the Ray address when there is one);
-#   * a step is requested by a file requests/<id>.request (six lines: script, stdout file,
-#     stderr file, status file, drain file, step name); the server claims it by renaming it
-#     to <id>.taken and starts 'srun --overlap' on the head node in a session of its own;
+#   * a step is requested by a file requests/<id>.request (seven lines: script, stdout
+#     file, stderr file, status file, drain file, step name, step id file); the server
+#     claims it by renaming it to <id>.taken and starts 'srun --overlap' on the head node in
+#     a session of its own;
 #   * requests/<id>.cancel sends TERM to that step's srun (KILL 10 s later);
-#   * the drain signal is recorded in <job dir>/drained and forwarded to the running
-#     steps only; after it, every new request is answered "drained, exit 0" without
-#     starting anything (draining is permanent for the allocation);
+#   * the drain signal is recorded in <job dir>/drained and sent to the running payload
+#     steps only, as 'scancel --signal=<SIG> <job>.<step>': to the step's tasks, never to
+#     srun (srun answers TERM by killing the step, so a draining payload could not finish
+#     its unit). The step id is what the step wrote to its step id file once its signal
+#     handling was set up; a step that has not written it yet (still starting) gets the
+#     signal as soon as it has (a step without a step id file is looked up by its name in
+#     squeue). The batch shell, the Ray head and worker steps are not signalled: the
+#     allocation stays alive. After the drain every new request is answered "drained, exit
+#     0" without starting anything (draining is permanent for the allocation);
 #   * a step whose srun ended without the step writing its status gets srun's status;
 #   * with a heartbeat limit, the allocation cancels itself once the CONTENT of the
 #     supervisors' heartbeat file (each beat writes a new value) has not changed for that
@@ -41,6 +48,10 @@ __ss_heartbeat_seen=""
 declare -A __ss_pids=()
 declare -A __ss_status=()
 declare -A __ss_killed_at=()
+declare -A __ss_names=()
+declare -A __ss_stepfile=()
+declare -A __ss_drain_sent=()
+declare -A __ss_drain_tried=()
 
 __ss_log() {
     printf 'dagster-slurm: step server: %s\n' "$*" >&2
@@ -65,15 +76,50 @@ __ss_write_atomic() {
 }
 
 __ss_on_drain() {
-    local id
     if [ -z "$__ss_drained" ]; then
         __ss_drained=$__ss_drain_signal
         __ss_write_atomic "$__ss_job_dir/drained" "$__ss_drain_signal"
-        __ss_log "drain signal $__ss_drain_signal received; forwarding it to" \
+        __ss_log "drain signal $__ss_drain_signal received; sending it to" \
             "${#__ss_pids[@]} running step(s); new steps are not started"
     fi
+    __ss_deliver_drain
+}
+
+# The Slurm step id of request $1 into __ss_stepid (empty while it is not known): what the
+# step wrote to its step id file, else (no such file was named) its name in squeue.
+__ss_step_id() {
+    local id=$1 line
+    __ss_stepid=""
+    if [ -n "${__ss_stepfile[$id]}" ]; then
+        { IFS= read -r __ss_stepid < "${__ss_stepfile[$id]}"; } 2>/dev/null || :
+    else
+        while IFS='|' read -r line; do
+            case $line in "$__ss_job".*"|${__ss_names[$id]}") ;; *) continue ;; esac
+            [ -z "$__ss_stepid" ] || { __ss_stepid=""; return 0; }  # not unique: unknown
+            __ss_stepid=${line%%|*}
+            __ss_stepid=${__ss_stepid#"$__ss_job".}
+        done < <(squeue -h -s -j "$__ss_job" -o '%i|%j' 2>/dev/null)
+    fi
+    case $__ss_stepid in '' | *[!0-9]*) __ss_stepid="" ;; esac
+}
+
+# Send the drain signal to every running step that has not had it yet (at most one try per
+# step and second; a step that is still starting is tried again on the next round).
+__ss_deliver_drain() {
+    local id
+    [ -n "$__ss_drained" ] || return 0
+    __ss_clock
     for id in "${!__ss_pids[@]}"; do
-        kill -s "$__ss_drain_signal" "${__ss_pids[$id]}" 2>/dev/null || :
+        [ -z "${__ss_drain_sent[$id]-}" ] || continue
+        [ "${__ss_drain_tried[$id]-x}" != "$__ss_now" ] || continue
+        __ss_drain_tried[$id]=$__ss_now
+        __ss_step_id "$id"
+        [ -n "$__ss_stepid" ] || continue
+        if scancel "--signal=$__ss_drain_signal" "$__ss_job.$__ss_stepid" 2>/dev/null; then
+            __ss_drain_sent[$id]=1
+            __ss_log "drain signal $__ss_drain_signal sent to step $__ss_job.$__ss_stepid" \
+                "(${__ss_names[$id]})"
+        fi
     done
 }
 
@@ -108,10 +154,11 @@ __ss_log "accepting steps on $__ss_head (allocation $__ss_job${RAY_ADDRESS:+, Ra
 
 # Start the step requested by file $1 (already claimed).
 __ss_start() {
-    local id=$1 script out err status drain name
+    local id=$1 script out err status drain name stepfile=""
     {
         IFS= read -r script && IFS= read -r out && IFS= read -r err \
-            && IFS= read -r status && IFS= read -r drain && IFS= read -r name
+            && IFS= read -r status && IFS= read -r drain && IFS= read -r name \
+            && { IFS= read -r stepfile || :; }
     } < "$__ss_requests/$id.taken" || {
         __ss_log "unreadable request $id; ignored"
         return 0
@@ -126,9 +173,10 @@ __ss_start() {
         --export=ALL "--job-name=$name" bash "$script" > "$out" 2> "$err" < /dev/null &
     __ss_pids[$id]=$!
     __ss_status[$id]=$status
-    # A drain that arrived while srun was being started missed this step: send it now (a
-    # drain right after the pid was recorded may reach the step twice, never not at all).
-    [ -z "$__ss_drained" ] || kill -s "$__ss_drain_signal" "${__ss_pids[$id]}" 2>/dev/null || :
+    __ss_names[$id]=$name
+    __ss_stepfile[$id]=$stepfile
+    # A drain that arrives from now on reaches this step once it has written its step id
+    # (__ss_deliver_drain runs on every round of the main loop).
     __ss_log "started step $name (request $id)"
 }
 
@@ -143,7 +191,8 @@ __ss_reap() {
             __ss_log "step of request $id ended (srun status $rc) without writing its status"
             __ss_write_atomic "${__ss_status[$id]}" "$rc"
         fi
-        unset "__ss_pids[$id]" "__ss_status[$id]" "__ss_killed_at[$id]"
+        unset "__ss_pids[$id]" "__ss_status[$id]" "__ss_killed_at[$id]" "__ss_names[$id]" \
+            "__ss_stepfile[$id]" "__ss_drain_sent[$id]" "__ss_drain_tried[$id]"
     done
 }
 
@@ -205,6 +254,7 @@ while [ -z "$__ss_leaving" ]; do
         __ss_start "$__ss_id"
     done
     __ss_reap
+    __ss_deliver_drain
     __ss_cancels
     __ss_check_heartbeat
     sleep 0.1 2>/dev/null || sleep 1

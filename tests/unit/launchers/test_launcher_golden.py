@@ -41,6 +41,8 @@ GOLDEN_CASES: dict[str, tuple[BashLauncher, ExecutionPlan]] = {
             },
             activation="/scratch/envs/prod/bin/activate",
             drain_signal="SIGUSR1",
+            heartbeat_file="/scratch/dg/run-7f3a/step-2/heartbeat",
+            heartbeat_timeout=599.5,
         ),
     ),
     "bash_hostile_values": (

@@ -24,10 +24,14 @@ BASH = "/bin/bash"
 JOB_ID = "42"
 DEADLINE = 10.0
 
-# srun: ignore the options, record argv and pid, run what follows the word 'bash'.
+# srun: ignore the options, record argv and pid, number the step (SLURM_STEP_ID, its pid in
+# steps/<id>), run what follows the word 'bash'.
 STUB_SRUN = """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_LOG_DIR/srun.args"
 printf '%s\\n' "$$" >> "$STUB_LOG_DIR/srun.pids"
+mkdir -p "$STUB_LOG_DIR/steps"
+export SLURM_STEP_ID=$(ls "$STUB_LOG_DIR/steps" | wc -l)
+printf '%s\\n' "$$" > "$STUB_LOG_DIR/steps/$SLURM_STEP_ID"
 while [ "$#" -gt 0 ] && [ "$1" != bash ]; do shift; done
 exec "$@"
 """
@@ -38,8 +42,16 @@ if [ "$1" = show ] && [ "$2" = hostnames ]; then
 fi
 exit 1
 """
+# scancel: record argv; --signal=SIG <job>.<step> signals that step's process (as Slurm
+# signals a step's tasks).
 STUB_SCANCEL = """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_LOG_DIR/scancel.args"
+case $1 in
+    --signal=*)
+        pid=$(cat "$STUB_LOG_DIR/steps/${2#*.}" 2>/dev/null) || exit 1
+        kill -s "${1#--signal=}" "$pid"
+        ;;
+esac
 """
 
 # A step that waits (bounded: it always ends within ~20 s) until a file appears.
@@ -86,15 +98,24 @@ class Server:
         return parse_ready(Path(ready).read_text())
 
     def request(self, request_id: str, body: str, *, name: str | None = None,
-                lines: list[str] | None = None) -> InvocationPaths:
-        """Write a step script and request it, atomically (temp name, then rename)."""
+                lines: list[str] | None = None, record: bool = True) -> InvocationPaths:
+        """Write a step script and request it, atomically (temp name, then rename). The
+        script records its step id after the body's leading ``trap`` lines, as a real step
+        does once its signal handling is set up."""
         inv = self.paths.invocation(JOB_ID, name or f"step-{request_id}", "inv")
         Path(inv.job_dir).mkdir(parents=True, exist_ok=True)
         script = inv.file("dagster_slurm_step.sh")
-        Path(script).write_text("#!/bin/bash\n" + body + "\n")
+        body_lines = body.split("\n")
+        traps = 0
+        while traps < len(body_lines) and body_lines[traps].startswith("trap "):
+            traps += 1
+        step_file = shlex.quote(inv.file("slurm_step_id"))
+        if record:
+            body_lines.insert(traps, f"printf '%s\\n' \"$SLURM_STEP_ID\" > {step_file}")
+        Path(script).write_text("#!/bin/bash\n" + "\n".join(body_lines) + "\n")
         if lines is None:
             lines = [script, inv.stdout, inv.stderr, inv.status, inv.drain,
-                     name or f"step-{request_id}"]
+                     name or f"step-{request_id}", inv.file("slurm_step_id")]
         target = Path(self.paths.request(JOB_ID, request_id))
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f"{request_id}.tmp")
@@ -344,6 +365,29 @@ def test_drain_signal_is_recorded_forwarded_and_stops_new_steps(tmp_path: Path) 
         assert read(late.stdout) is None
         assert "step step-r2 not started" in server.log()
         assert (server.logs / "srun.args").read_text().count("\n") == 1
+
+
+def test_drain_reaches_a_step_that_was_still_starting_once_it_has_its_step_id(
+        tmp_path: Path) -> None:
+    with step_server(tmp_path, drain_signal="USR1") as server:
+        server.wait_ready()
+        go, got = tmp_path / "go", tmp_path / "got-usr1"
+        inv_file = server.paths.invocation(JOB_ID, "step-r1", "inv").file("slurm_step_id")
+        body = (f"trap 'echo USR1 > {shlex.quote(str(got))}; exit 5' USR1\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(go))) + "\n"
+                f"printf '%s\\n' \"$SLURM_STEP_ID\" > {shlex.quote(inv_file)}\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        running = server.request("r1", body, record=False)
+        wait_for(lambda: "started step step-r1" in server.log(), what="the step to start")
+        server.signal(signal.SIGUSR1)
+        wait_for(lambda: read(server.paths.drained(JOB_ID)) == "USR1\n",
+                 what=f"the drained file\n{server.log()}")
+        assert not got.exists()  # no step id yet: nothing was sent
+        go.touch()
+        assert server.status(running) == "5"
+        assert got.read_text() == "USR1\n"
+        assert (server.logs / "scancel.args").read_text() == "--signal=USR1 42.0\n"
+        assert "drain signal USR1 sent to step 42.0 (step-r1)" in server.log()
 
 
 def test_drain_with_no_step_running_still_refuses_later_steps(tmp_path: Path) -> None:

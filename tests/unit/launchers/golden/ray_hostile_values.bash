@@ -9,7 +9,16 @@
 #   * TERM, INT and HUP are forwarded as well; before the payload starts they skip it
 #     (status 128+N);
 #   * 127: the activation script is missing, 126: it failed, 125: no job directory;
-#   * the payload's output is not redirected here.
+#   * the payload's output is not redirected here;
+#   * with a heartbeat limit (asset scope), a watchdog in the background cancels this job
+#     (scancel) once the CONTENT of the heartbeat file (each status poll of the waiting
+#     step writes a new value) has not changed for that many seconds, measured by this
+#     node's own monotonic clock; the file's mtime is never read (a shared filesystem may
+#     cache it, and it comes from another machine's clock). It first writes "heartbeat" to
+#     the ended_by file next to the status file and says why on stderr; the cancellation
+#     then reaches this script as TERM, so the status is 143 (128+15) as for any scancel.
+#     The watchdog is stopped when this script leaves and stops by itself within 2 s
+#     should the script be gone.
 set -u
 
 __ds_job_dir='/tmp/it'"'"'s'
@@ -24,6 +33,8 @@ __ds_payload=(
     '/tmp/it'"'"'s/payload.sh'
     '$(reboot)'
 )
+__ds_heartbeat_file=''
+__ds_heartbeat_timeout=''
 
 __ds_payload_pid=""
 __ds_pending=""
@@ -32,6 +43,8 @@ __ds_cancelled=""
 __ds_interrupted=""
 __ds_finished=""
 __ds_rc=0
+__ds_watchdog_pid=""
+__ds_now=0
 
 __ds_log() {
     printf 'dagster-slurm: %s\n' "$*" >&2
@@ -42,14 +55,64 @@ __ds_write_atomic() {
     printf '%s\n' "$2" > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"
 }
 
-# Record the exit status (only the first call writes it) and leave with it.
+# Record the exit status (only the first call writes it), stop the watchdog, leave.
 __ds_finish() {
     if [ -z "$__ds_finished" ]; then
         __ds_finished=1
         __ds_write_atomic "$__ds_status_file" "$1" \
             || __ds_log "cannot write the status file $__ds_status_file"
     fi
+    if [ -n "$__ds_watchdog_pid" ]; then
+        kill -TERM "$__ds_watchdog_pid" 2>/dev/null || :
+        __ds_watchdog_pid=""
+    fi
     exit "$1"
+}
+
+# Seconds since boot into __ds_now: a monotonic clock, unmoved by changes of the node's
+# wall clock (bash's own SECONDS where /proc/uptime cannot be read). No subprocess.
+__ds_clock() {
+    local up=""
+    { IFS=' ' read -r up _ < /proc/uptime; } 2>/dev/null || :
+    up=${up%%.*}
+    case $up in
+        '' | *[!0-9]*) __ds_now=$SECONDS ;;
+        *) __ds_now=$up ;;
+    esac
+}
+
+# The dead-man's switch (see the header), run in the background. The content read first
+# counts as a change; a missing or empty file is no change. Only TERM (from this script,
+# or from Slurm ending the job) stops it.
+__ds_watchdog() {
+    local seen="" content changed nap=""
+    trap '[ -z "$nap" ] || kill "$nap" 2>/dev/null; exit 0' TERM
+    trap '' INT HUP
+    [ "$__ds_drain_signal" = TERM ] || trap '' "$__ds_drain_signal"
+    __ds_clock
+    changed=$__ds_now
+    while kill -0 "$$" 2>/dev/null; do
+        content=""
+        { IFS= read -r content < "$__ds_heartbeat_file"; } 2>/dev/null || :
+        __ds_clock
+        if [ -n "$content" ] && [ "$content" != "$seen" ]; then
+            seen=$content
+            changed=$__ds_now
+        elif [ $((__ds_now - changed)) -gt "$__ds_heartbeat_timeout" ]; then
+            __ds_log "no heartbeat from the waiting step for $((__ds_now - changed)) s" \
+                "(the content of $__ds_heartbeat_file has not changed; limit" \
+                "$__ds_heartbeat_timeout s): its supervising process seems gone;" \
+                "cancelling job ${SLURM_JOB_ID:-}"
+            __ds_write_atomic "$__ds_job_dir/ended_by" "heartbeat" \
+                || __ds_log "cannot write $__ds_job_dir/ended_by"
+            scancel "${SLURM_JOB_ID:?}" || __ds_log "scancel of job $SLURM_JOB_ID failed"
+            exit 0
+        fi
+        sleep 2 &
+        nap=$!
+        wait "$nap"
+        nap=""
+    done
 }
 
 # Any other way out (an 'exit' in user code, a shell error) still records the status.
@@ -149,6 +212,11 @@ cd -- "$__ds_job_dir" || {
     __ds_log "cannot enter the job directory $__ds_job_dir"
     __ds_finish 125
 }
+
+if [ -n "$__ds_heartbeat_timeout" ]; then
+    __ds_watchdog &
+    __ds_watchdog_pid=$!
+fi
 
 for __ds_assignment in ${__ds_env[@]+"${__ds_env[@]}"}; do
     export "$__ds_assignment"
