@@ -103,6 +103,7 @@ class Deployment:
     location: str = ""
     repository: str = ""
     stop_seconds: float | None = None
+    _instance: dg.DagsterInstance | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -166,6 +167,9 @@ class Deployment:
     def stop(self, timeout: float = 60.0) -> list[int]:
         """Stop dagster dev as Ctrl-C would, then SIGKILL whatever of its session is left.
         Returns the pids that had to be killed; records the time taken in ``stop_seconds``."""
+        if self._instance is not None:
+            self._instance.dispose()
+            self._instance = None
         if self.proc is None:
             return []
         started = time.monotonic()
@@ -264,7 +268,10 @@ class Deployment:
     # The run's events, read from the deployment's instance ----------------------------
 
     def instance(self) -> dg.DagsterInstance:
-        return dg.DagsterInstance.from_config(str(self.home))
+        """The deployment's instance (its storage), opened once in this process."""
+        if self._instance is None:
+            self._instance = dg.DagsterInstance.from_config(str(self.home))
+        return self._instance
 
 
 def messages(instance: dg.DagsterInstance, run_id: str) -> list[str]:
