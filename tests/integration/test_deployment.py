@@ -5,8 +5,8 @@ through GraphQL, the default multiprocess executor.
 What is shown: a run succeeds with its materialization; ``terminateRun`` cancels the Slurm
 job within seconds; after SIGKILL of the run worker (the pid of the run's "Started process
 for run" event) no Slurm job is left and the FAILURE run records no materialization, in
-asset scope and in run scope, with the orphan sensor on and off. Nothing the test started
-outlives it. How long each cleanup took is printed at the end of the module.
+asset scope and in run scope, with the orphan sensor on and off; after SIGKILL of a step
+process the orphan sensor cancels its job. Nothing the test started outlives it. How long each cleanup took is printed at the end of the module.
 """
 
 from __future__ import annotations
@@ -187,3 +187,29 @@ def test_sigkill_of_the_run_worker_leaves_no_job_and_no_materialization(
         for pid in steps:  # a step left waiting would otherwise live until dagster dev stops
             if pid in ours:
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("scope", ["asset", "run"], ids=["asset-scope", "run-scope"])
+def test_sigkill_of_a_step_process_leaves_its_job_to_the_orphan_sensor(deployment, env, scope):
+    scenario = f"SIGKILL step process ({scope} scope, sensor on)"
+    sensor_id = deployment.start_sensor(SENSOR)
+    run_id = deployment.launch("held_job" if scope == "asset" else "held_in_run_job")
+    prefix = _prefix(run_id, scope)
+    try:
+        job_id = _held_job_running(deployment, env, run_id, prefix)
+        (step,) = step_pids(deployment.instance(), run_id)
+        assert step in session_members(deployment.proc.pid), step
+        started = time.monotonic()
+        os.kill(step, signal.SIGKILL)
+        status = deployment.wait_status(run_id, {"FAILURE", "CANCELED", "SUCCESS"},
+                                        CLEANUP_TIMEOUT)
+        _timed(scenario, "SIGKILL to run FAILURE", started)
+        assert status == "FAILURE"
+        # nothing in the dead step can cancel the job: the sensor's next tick does
+        wait_for(f"job {job_id} out of the queue", lambda: not active_jobs(env, prefix),
+                 CLEANUP_TIMEOUT)
+        _timed(scenario, "SIGKILL to Slurm job gone", started)
+        assert not _materializations(deployment, run_id)
+    finally:
+        deployment.stop_sensor(sensor_id)
+        _scancel(env, [job for job, _, _ in active_jobs(env, prefix)])
