@@ -6,7 +6,8 @@ What is shown: a run succeeds with its materialization; ``terminateRun`` cancels
 job within seconds; after SIGKILL of the run worker (the pid of the run's "Started process
 for run" event) no Slurm job is left and the FAILURE run records no materialization, in
 asset scope and in run scope, with the orphan sensor on and off; after SIGKILL of a step
-process the orphan sensor cancels its job. Nothing the test started outlives it. How long each cleanup took is printed at the end of the module.
+process the orphan sensor cancels its job. Nothing the test started outlives it. How long
+each cleanup took is printed at the end of the module.
 """
 
 from __future__ import annotations
