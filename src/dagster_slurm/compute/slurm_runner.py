@@ -3,10 +3,12 @@
 Round trips: one to write every file and submit (script, Pipes context, uploaded payload,
 token record, sbatch), one per status poll (shared by all jobs of the process), one per
 Pipes tail poll (messages, stdout and stderr together), and one for accounting and cleanup
-together at the end. Interruption (run termination, KeyboardInterrupt) or any failure while
-waiting cancels the job before the error propagates, so no job is left behind; a job that
-left the queue unobserved (:class:`~dagster_slurm.jobs.errors.SlurmJobLost`) is not
-cancelled, as there is nothing left to cancel.
+together at the end (then one per further read of accounting while it has not caught up
+with a job that ended, for at most ``accounting_deadline`` seconds). Interruption (run
+termination, KeyboardInterrupt) or any failure while waiting cancels the job before the
+error propagates, so no job is left behind; a job that left the queue unobserved
+(:class:`~dagster_slurm.jobs.errors.SlurmJobLost`) is not cancelled, as there is nothing
+left to cancel.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from dagster_slurm.errors import SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly
 from dagster_slurm.jobs.errors import JobOutcome, SlurmJobLost, SlurmSubmissionError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
-from dagster_slurm.jobs.metrics import from_sacct
+from dagster_slurm.jobs.final_accounting import (
+    ACCOUNTING_DEADLINE,
+    job_accounting,
+    lag_warning,
+    observed_metrics,
+)
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths, job_name_for, step_identity
 from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker
@@ -75,11 +82,14 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         prepare_env: Callable[[Any], str | None],
         *,
         poll_interval: float = 0.25,
+        accounting_deadline: float = ACCOUNTING_DEADLINE,
     ) -> None:
         self.slurm = slurm
         self.pending = pending
         self.prepare_env = prepare_env
         self.poll_interval = poll_interval
+        #: Seconds a finished job's accounting is read again while it shows no final state.
+        self.accounting_deadline = accounting_deadline
 
     def _prepare(self, context: Any, request: JobRequest) -> SlurmJob:
         scheduler = self.slurm.scheduler()
@@ -160,9 +170,16 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             acct = batch.add(scheduler.accounting_op([handle])) if result.state else None
             if not job.request.defer_cleanup and error is None:
                 remove_invocation(batch, paths, paths.run_dir)
-        record = scheduler.accounting_records(acct.result()).get(handle) if acct else None
-        metrics = from_sacct(handle, record, result.exit_code, outcome.state)
+        # Accounting may not have caught up (slurmdbd late or away): read again until it
+        # shows a final state, else report what was observed (see jobs/final_accounting.py).
+        # A failed job's figures are not reported: no second read for it.
+        deadline = self.accounting_deadline if error is None else 0.0
+        read = job_accounting(scheduler, handle, acct.result(), deadline=deadline) if acct else None
         if error is not None:
             raise error
+        metrics = observed_metrics(result, read)
+        warning = lag_warning(handle, read, metrics) if read is not None else None
+        if warning is not None:
+            job.context.log.warning(warning)
         job.context.log.info(f"Slurm job {handle} completed")
         return PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
