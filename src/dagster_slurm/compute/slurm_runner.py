@@ -82,14 +82,16 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         prepare_env: Callable[[Any], str | None],
         *,
         poll_interval: float = 0.25,
-        accounting_deadline: float = ACCOUNTING_DEADLINE,
+        accounting_deadline: float | None = None,
     ) -> None:
         self.slurm = slurm
         self.pending = pending
         self.prepare_env = prepare_env
         self.poll_interval = poll_interval
-        #: Seconds a finished job's accounting is read again while it shows no final state.
-        self.accounting_deadline = accounting_deadline
+        #: Seconds a finished job's accounting is read again while it shows no final state
+        #: (None: :data:`~dagster_slurm.jobs.final_accounting.ACCOUNTING_DEADLINE`).
+        self.accounting_deadline = (ACCOUNTING_DEADLINE if accounting_deadline is None
+                                    else accounting_deadline)
 
     def _prepare(self, context: Any, request: JobRequest) -> SlurmJob:
         scheduler = self.slurm.scheduler()

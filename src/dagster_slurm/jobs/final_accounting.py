@@ -25,9 +25,9 @@ from dagster_slurm.slurm.accounting import SacctRecord
 T = TypeVar("T")
 
 #: Seconds, from the first answer, during which accounting is read again while it does not
-#: show a final state yet. slurmctld retries sending a record slurmdbd missed about ten
-#: seconds after the failed attempt, so a slurmdbd that was away for a moment is caught up
-#: within this time.
+#: show a final state yet. This covers a slurmdbd that is merely behind; after slurmdbd was
+#: away, slurmctld can take longer to send the records it queued (18-19 s measured on the
+#: development cluster), and the observed state is reported instead, marked as such.
 ACCOUNTING_DEADLINE = 15.0
 
 
