@@ -22,7 +22,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from compute_support import PAYLOAD_OK, compute, materialize_one, run_logs, write_payload
+from compute_support import (
+    PAYLOAD_OK,
+    compute,
+    materialize_one,
+    run_logs,
+    step_failure,
+    write_payload,
+)
 
 from dagster_slurm.compute import slurm_runner
 from dagster_slurm.jobs.final_accounting import ACCOUNTING_DEADLINE
@@ -230,3 +237,24 @@ def _record_failure(function, seen: dict, release: Path) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported by the test's assertion
         seen["error"] = f"{type(exc).__name__}: {exc}"
         release.write_text("go\n")  # let the payload end
+
+
+def test_a_run_scope_step_while_accounting_is_away_reports_the_status_file_state(
+    slurm_cluster, slurmdbd, tmp_path
+):
+    from session_support import session_compute
+
+    payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
+    compute = session_compute("bash", slurm_cluster.env())
+    slurmdbd.stop()
+    result = materialize_one(payload, compute, raise_on_error=False)
+    assert result.success, step_failure(result)
+    (event,) = result.get_asset_materialization_events()
+    meta = {key: value.value for key, value in event.materialization.metadata.items()}
+    assert meta["dagster_slurm/state"] == "COMPLETED"
+    assert meta["dagster_slurm/state_source"] == "status_file"
+    assert "." in meta["dagster_slurm/job_id"] and meta["dagster_slurm/exit_code"] == 0
+    for key in ("elapsed_seconds", "cpu_efficiency", "max_rss_mb"):
+        assert meta[f"dagster_slurm/{key}"] is None, key
+    warnings = [m for m in run_logs(result) if "showed no final state" in (m or "")]
+    assert len(warnings) == 1 and "sacct failed" in warnings[0], warnings

@@ -32,7 +32,6 @@ METADATA_KEYS = (
 
 #: ``state_source`` values: where a reported state was read.
 SOURCE_SACCT = "sacct"
-SOURCE_SQUEUE = "squeue"
 SOURCE_STATUS_FILE = "status_file"
 SOURCE_PROCESS = "process"
 
@@ -88,13 +87,13 @@ def from_sacct(job_id: str, record: SacctRecord | None, exit_code: int | None, s
     """Metrics of a Slurm job from its accounting ``record`` and what was observed.
 
     A ``record`` with a final state gives the state (source ``sacct``) and every figure.
-    Otherwise (``record`` None: no accounting, sacct failed, or it has not caught up) no
-    figure of the record is used, since those of a record that still says PENDING or
-    RUNNING describe a job that no longer exists (elapsed 0): the state is the observed
-    ``state`` with its ``source`` (e.g. ``squeue``), the node list the observed ``nodes``,
-    and every other figure is None. An observed state that is not final is not reported
-    either (state and source None). ``exit_code`` is the payload's code from its status
-    file; without one, a final record's exit code is used.
+    Otherwise (``record`` None: no accounting, sacct failed; or a record that has not
+    caught up) no figure of the record is used, since a record that still says PENDING or
+    RUNNING describes the job as slurmdbd last heard of it (elapsed 0, or the time until
+    then): the state is the observed ``state`` with its ``source`` (e.g. ``squeue``), the
+    node list the observed ``nodes``, and every other figure is None. An observed state
+    that is not final is not reported either (state and source None). ``exit_code`` is the
+    payload's code from its status file; without one, a final record's exit code is used.
     """
     if record is not None and record.state.terminal:
         return JobMetrics(

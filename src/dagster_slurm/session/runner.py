@@ -155,7 +155,10 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
             result.job_id, result.step_name, result.exit_code, result.drained,
             result.drain_signal, result.allocation_state, reader.stdout_tail(), reader.stderr_tail(),
         )
-        metrics = _step_metrics(allocation, paths, result.exit_code)
+        # A failed step's figures are not reported: no second read of accounting for it.
+        reported = result.drained or result.exit_code == 0
+        metrics = _step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
+                                deadline=ACCOUNTING_DEADLINE if reported else 0.0)
         invocation = PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
         if result.drained:
             raise SlurmStepDrained(result, invocation)
@@ -176,12 +179,14 @@ def _step_metrics(
     deadline: float = ACCOUNTING_DEADLINE,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    warn: Callable[[str], None] | None = None,
 ) -> JobMetrics:
     """The step's figures from accounting: each read is one round trip (the recorded step
     id and the allocation's sacct lines), repeated while the step's line shows no final
     state (sacct failing or behind), for at most ``deadline`` seconds. Best effort: without
     a final line the state comes from the step's exit-status file and the figures stay
-    null (logged as a warning); no error is raised."""
+    null, said through ``warn`` (default: this module's logger) unless ``deadline`` is 0
+    (one read, for figures that will not be reported); no error is raised."""
     from dagster_slurm.agent import tail_op
     from dagster_slurm.agent.results import TailRequest
 
@@ -203,16 +208,16 @@ def _step_metrics(
     step_id, answer = got.value if got.value is not None else (None, None)
     line = _step_line(answer, step_id)
     metrics = from_step(allocation.job_id, line, step_id, exit_code, allocation.head)
+    warn = warn or log.warning
     if got.error is not None and got.value is None:
-        log.warning("step metrics of allocation %s not read (%s: %s); they stay null",
-                    allocation.job_id, type(got.error).__name__, got.error)
-    elif step_id is not None and metrics.state_source != SOURCE_SACCT:
-        log.warning(
-            "accounting of step %s showed no final state after %d read(s) over %.1f s (%s); "
-            "the metadata reports state %s from the step's exit-status file, its figures null",
-            metrics.job_id, got.attempts, got.waited, _said(answer, line, got.error),
-            metrics.state,
-        )
+        warn(f"step metrics of allocation {allocation.job_id} not read "
+             f"({type(got.error).__name__}: {got.error}); they stay null")
+    elif step_id is not None and metrics.state_source != SOURCE_SACCT and deadline > 0:
+        used = (f"state {metrics.state} from the step's exit-status file" if metrics.state
+                else "no state (the step's exit status is unknown)")
+        warn(f"Accounting of step {metrics.job_id} showed no final state after {got.attempts} "
+             f"read(s) over {got.waited:.1f} s ({_said(answer, line, got.error)}); the metadata "
+             f"reports {used}, and elapsed time, CPU efficiency and MaxRSS as null")
     return metrics
 
 
