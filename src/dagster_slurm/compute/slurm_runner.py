@@ -4,11 +4,12 @@ Round trips: one to write every file and submit (script, Pipes context, uploaded
 heartbeat file, token record, sbatch), one per status poll (shared by all jobs of the
 process; it also rewrites each job's heartbeat file, the job's dead-man's switch), one per
 Pipes tail poll (messages, stdout and stderr together), and one for accounting and cleanup
-together at the end. While waiting, the step reads its own run's status from the Dagster
-instance every ``run_status_interval`` seconds (:mod:`dagster_slurm.jobs.follow`): a run that
-is no longer running (its run worker died, it was terminated) stops the wait with
-:class:`~dagster_slurm.jobs.follow.DagsterRunEnded`. Interruption (run termination,
-KeyboardInterrupt), an ended run, or any failure while
+together at the end (then one per further read of accounting while it has not caught up
+with a job that ended, for at most ``accounting_deadline`` seconds). While waiting, the step
+reads its own run's status from the Dagster instance every ``run_status_interval`` seconds
+(:mod:`dagster_slurm.jobs.follow`): a run that is no longer running (its run worker died, it
+was terminated) stops the wait with :class:`~dagster_slurm.jobs.follow.DagsterRunEnded`.
+Interruption (run termination, KeyboardInterrupt), an ended run, or any failure while
 waiting cancels the job before the error propagates, so no job is left behind; a job that
 left the queue unobserved (:class:`~dagster_slurm.jobs.errors.SlurmJobLost`) is not
 cancelled, as there is nothing left to cancel.
@@ -27,8 +28,13 @@ from dagster_slurm.errors import SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly
 from dagster_slurm.jobs.errors import JobOutcome, SlurmJobLost, SlurmSubmissionError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
+from dagster_slurm.jobs.final_accounting import (
+    ACCOUNTING_DEADLINE,
+    job_accounting,
+    lag_warning,
+    observed_metrics,
+)
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
-from dagster_slurm.jobs.metrics import from_sacct
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths, job_name_for, step_identity
 from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker
@@ -83,6 +89,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         poll_interval: float = 0.25,
         run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
         heartbeat_timeout: float | None = None,
+        accounting_deadline: float | None = None,
     ) -> None:
         self.slurm = slurm
         self.pending = pending
@@ -91,6 +98,10 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         self.run_status_interval = run_status_interval
         self.heartbeat_timeout = heartbeat_timeout
         """Seconds without a poll after which the job cancels itself; None: never."""
+        #: Seconds a finished job's accounting is read again while it shows no final state
+        #: (None: :data:`~dagster_slurm.jobs.final_accounting.ACCOUNTING_DEADLINE`).
+        self.accounting_deadline = (ACCOUNTING_DEADLINE if accounting_deadline is None
+                                    else accounting_deadline)
 
     def _prepare(self, context: Any, request: JobRequest) -> SlurmJob:
         scheduler = self.slurm.scheduler()
@@ -197,9 +208,16 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             acct = batch.add(scheduler.accounting_op([handle])) if result.state else None
             if not job.request.defer_cleanup and error is None:
                 remove_invocation(batch, paths, paths.run_dir)
-        record = scheduler.accounting_records(acct.result()).get(handle) if acct else None
-        metrics = from_sacct(handle, record, result.exit_code, outcome.state)
+        # Accounting may not have caught up (slurmdbd late or away): read again until it
+        # shows a final state, else report what was observed (see jobs/final_accounting.py).
+        # A failed job's figures are not reported: no second read for it.
+        deadline = self.accounting_deadline if error is None else 0.0
+        read = job_accounting(scheduler, handle, acct.result(), deadline=deadline) if acct else None
         if error is not None:
             raise error
+        metrics = observed_metrics(result, read)
+        warning = lag_warning(handle, read, metrics) if read is not None else None
+        if warning is not None:
+            job.context.log.warning(warning)
         job.context.log.info(f"Slurm job {handle} completed")
         return PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())

@@ -3,6 +3,11 @@
 Slurm mode fills them from ``sacct``; local mode from the payload process's resource usage.
 Every key is always present, so an asset's metadata has the same keys in both modes; a figure
 that could not be observed is a null value, never 0.
+
+A job that ended is never reported with a state it has left (PENDING, RUNNING, ...):
+accounting that does not show a final state yet (slurmdbd has not caught up) gives no
+state and no figures; the state then comes from what the library observed itself (the last
+``squeue``, the job's exit-status file) and ``dagster_slurm/state_source`` says which.
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dagster_slurm.slurm.accounting import SacctRecord, SacctStep
+from dagster_slurm.slurm.states import JobState
 
-#: Metadata keys a compute invocation attaches (when the value is known).
+#: Metadata keys a compute invocation attaches (each always present; None when not known).
 METADATA_KEYS = (
     "dagster_slurm/mode",
     "dagster_slurm/job_id",
     "dagster_slurm/state",
+    "dagster_slurm/state_source",
     "dagster_slurm/exit_code",
     "dagster_slurm/elapsed_seconds",
     "dagster_slurm/cpu_efficiency",
@@ -23,10 +30,20 @@ METADATA_KEYS = (
     "dagster_slurm/nodes",
 )
 
+#: ``state_source`` values: where a reported state was read.
+SOURCE_SACCT = "sacct"
+SOURCE_STATUS_FILE = "status_file"
+SOURCE_PROCESS = "process"
+
 
 @dataclass(frozen=True)
 class JobMetrics:
-    """Figures of one finished job; None means not observed."""
+    """Figures of one finished job; None means not observed.
+
+    ``state`` is a final state (never PENDING, RUNNING, ...) or None when no source showed
+    one; ``state_source`` says where it was read (``sacct``, ``squeue``, ``status_file``,
+    ``process`` in local mode), None exactly when ``state`` is None.
+    """
 
     mode: str
     job_id: str
@@ -36,12 +53,14 @@ class JobMetrics:
     cpu_efficiency: float | None
     max_rss_bytes: int | None
     nodes: str | None
+    state_source: str | None = None
 
     def as_metadata(self) -> dict[str, object | None]:
         values: dict[str, object | None] = {
             "dagster_slurm/mode": self.mode,
             "dagster_slurm/job_id": self.job_id,
             "dagster_slurm/state": self.state,
+            "dagster_slurm/state_source": self.state_source if self.state is not None else None,
             "dagster_slurm/exit_code": self.exit_code,
             "dagster_slurm/elapsed_seconds": None
             if self.elapsed_seconds is None
@@ -57,42 +76,65 @@ class JobMetrics:
         return values
 
 
-def from_sacct(job_id: str, record: SacctRecord | None, exit_code: int | None, state: str | None) -> JobMetrics:
-    """Metrics of a Slurm job; ``record`` None (no accounting) keeps only what is known."""
-    if record is None:
-        return JobMetrics("slurm", job_id, state, exit_code, None, None, None, None)
-    return JobMetrics(
-        mode="slurm",
-        job_id=job_id,
-        state=record.state.value if record.state else state,
-        exit_code=exit_code if exit_code is not None else record.exit_code,
-        elapsed_seconds=record.elapsed_seconds,
-        cpu_efficiency=record.cpu_efficiency,
-        max_rss_bytes=record.max_rss_bytes,
-        nodes=record.node_list,
-    )
+def final_state(state: str | JobState | None) -> str | None:
+    """``state``'s name when it is a final state, else None (PENDING, RUNNING, unreadable)."""
+    parsed = state if isinstance(state, JobState) else JobState.parse(state)
+    return parsed.value if parsed.terminal else None
+
+
+def from_sacct(job_id: str, record: SacctRecord | None, exit_code: int | None, state: str | None,
+               source: str | None = None, nodes: str | None = None) -> JobMetrics:
+    """Metrics of a Slurm job from its accounting ``record`` and what was observed.
+
+    A ``record`` with a final state gives the state (source ``sacct``) and every figure.
+    Otherwise (``record`` None: no accounting, sacct failed; or a record that has not
+    caught up) no figure of the record is used, since a record that still says PENDING or
+    RUNNING describes the job as slurmdbd last heard of it (elapsed 0, or the time until
+    then): the state is the observed ``state`` with its ``source`` (e.g. ``squeue``), the
+    node list the observed ``nodes``, and every other figure is None. An observed state
+    that is not final is not reported either (state and source None). ``exit_code`` is the
+    payload's code from its status file; without one, a final record's exit code is used.
+    """
+    if record is not None and record.state.terminal:
+        return JobMetrics(
+            mode="slurm",
+            job_id=job_id,
+            state=record.state.value,
+            exit_code=exit_code if exit_code is not None else record.exit_code,
+            elapsed_seconds=record.elapsed_seconds,
+            cpu_efficiency=record.cpu_efficiency,
+            max_rss_bytes=record.max_rss_bytes,
+            nodes=record.node_list,
+            state_source=SOURCE_SACCT,
+        )
+    observed = final_state(state)
+    return JobMetrics("slurm", job_id, observed, exit_code, None, None, None, nodes,
+                      state_source=source if observed is not None else None)
 
 
 def from_step(allocation_id: str, step: SacctStep | None, step_id: str | None,
               exit_code: int | None, node: str | None) -> JobMetrics:
     """Metrics of one job step of a run allocation (``job_id`` is ``<allocation>.<step>``).
 
-    ``step`` None (no accounting yet, or none at all) keeps only what is known. CPU
-    efficiency is CPU-seconds per elapsed second of the step (a step may use several CPUs of
-    the allocation, so it can exceed 1, as in local mode).
+    A ``step`` line with a final state gives the state (source ``sacct``) and the figures.
+    Otherwise (``step`` None: no accounting yet, or none at all; or its line still says
+    RUNNING) the state comes from the step's exit-status file (source ``status_file``):
+    COMPLETED for 0, FAILED for another code, None without one; the figures are then
+    None. CPU efficiency is CPU-seconds per elapsed second of the step (a step may use
+    several CPUs of the allocation, so it can exceed 1, as in local mode).
     """
     job_id = f"{allocation_id}.{step_id}" if step_id else allocation_id
-    state = "COMPLETED" if exit_code == 0 else "FAILED"
-    if step is None:
-        return JobMetrics("slurm", job_id, state, exit_code, None, None, None, node)
+    if step is None or not step.state.terminal:
+        state = None if exit_code is None else ("COMPLETED" if exit_code == 0 else "FAILED")
+        return JobMetrics("slurm", job_id, state, exit_code, None, None, None, node,
+                          state_source=SOURCE_STATUS_FILE if state is not None else None)
     elapsed = step.elapsed_seconds
     efficiency = (None if step.total_cpu_seconds is None or not elapsed
                   else step.total_cpu_seconds / elapsed)
     return JobMetrics(
-        mode="slurm", job_id=job_id,
-        state=step.state.value if step.state.value != "UNKNOWN" else state,
-        exit_code=exit_code, elapsed_seconds=elapsed, cpu_efficiency=efficiency,
-        max_rss_bytes=step.max_rss_bytes, nodes=node,
+        mode="slurm", job_id=job_id, state=step.state.value, exit_code=exit_code,
+        elapsed_seconds=elapsed, cpu_efficiency=efficiency,
+        max_rss_bytes=step.max_rss_bytes, nodes=node, state_source=SOURCE_SACCT,
     )
 
 
@@ -110,4 +152,5 @@ def from_local(
         cpu_efficiency=efficiency,
         max_rss_bytes=None if max_rss_kib is None else max_rss_kib * 1024,
         nodes="localhost",
+        state_source=SOURCE_PROCESS,
     )

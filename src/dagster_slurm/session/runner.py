@@ -4,7 +4,8 @@ Round trips: the session's allocation is found or submitted on first use (see
 :mod:`dagster_slurm.session.session`); then one round trip writes the step's script, Pipes
 context and uploaded payload and requests the step (after checking under the session lock
 that the allocation is still current); one per status poll (status and drain files, with an
-squeue of the allocation every few seconds); one per Pipes tail poll; one for cleanup.
+squeue of the allocation every few seconds); one per Pipes tail poll; one per read of the
+step's accounting (more than one only while accounting has not caught up); one for cleanup.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +21,19 @@ from dagster import PipesClientCompletedInvocation
 
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
+from dagster_slurm.jobs.final_accounting import (
+    ACCOUNTING_DEADLINE,
+    AccountingAnswer,
+    read_until_final,
+    sacct_answer,
+)
 from dagster_slurm.jobs.follow import DagsterRunEnded
+from dagster_slurm.jobs.metrics import SOURCE_SACCT, JobMetrics, from_step
 from dagster_slurm.jobs.paths import InvocationPaths, step_identity
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
-from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.allocation import (
     RECORD_STEP_ID,
     STEP_ID_FILE,
@@ -41,9 +48,7 @@ from dagster_slurm.session.errors import (
     SlurmStepFailed,
 )
 from dagster_slurm.session.session import RunSession
-
-#: Seconds between two reads of a step's accounting while its line is not final yet.
-STEP_METRICS_RETRY = 0.5
+from dagster_slurm.slurm.accounting import SacctStep
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -157,7 +162,10 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
             result.job_id, result.step_name, result.exit_code, result.drained,
             result.drain_signal, result.allocation_state, reader.stdout_tail(), reader.stderr_tail(),
         )
-        metrics = _step_metrics(allocation, paths, result.exit_code)
+        # A failed step's figures are not reported: no second read of accounting for it.
+        reported = result.drained or result.exit_code == 0
+        metrics = _step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
+                                deadline=ACCOUNTING_DEADLINE if reported else 0.0)
         invocation = PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
         if result.drained:
             raise SlurmStepDrained(result, invocation)
@@ -170,38 +178,73 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         return invocation
 
 
-def _step_metrics(allocation: Any, paths: Any, exit_code: int | None, attempts: int = 3) -> Any:
-    """The step's figures from accounting: one round trip reads the recorded step id and
-    the allocation's sacct lines; repeated (:data:`STEP_METRICS_RETRY` seconds apart, paced
-    by a :class:`PollBackoff`; at most ``attempts`` times) while the step's line is not final yet. Best effort:
-    figures stay null when accounting has nothing, and no error is raised."""
+def _step_metrics(
+    allocation: Any,
+    paths: Any,
+    exit_code: int | None,
+    *,
+    deadline: float = ACCOUNTING_DEADLINE,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    warn: Callable[[str], None] | None = None,
+) -> JobMetrics:
+    """The step's figures from accounting: each read is one round trip (the recorded step
+    id and the allocation's sacct lines), repeated while the step's line shows no final
+    state (sacct failing or behind), for at most ``deadline`` seconds. Best effort: without
+    a final line the state comes from the step's exit-status file and the figures stay
+    null, said through ``warn`` (default: this module's logger) unless ``deadline`` is 0
+    (one read, for figures that will not be reported); no error is raised."""
     from dagster_slurm.agent import tail_op
     from dagster_slurm.agent.results import TailRequest
-    from dagster_slurm.jobs.metrics import from_step
 
     scheduler = allocation.scheduler
-    step_id, step = None, None
-    backoff = PollBackoff(initial=STEP_METRICS_RETRY, maximum=STEP_METRICS_RETRY)
-    for attempt in range(attempts):
-        try:
-            with scheduler.agent.batch() as batch:
-                recorded = batch.add(tail_op([TailRequest(paths.file(STEP_ID_FILE), 0, 256)]))
-                acct = batch.add(scheduler.accounting_op([allocation.job_id]))
-            step_id = recorded.result().files[0].data.decode("utf-8", "replace").strip() or None
-            output = acct.result()
-        except Exception as exc:  # noqa: BLE001 - figures are best effort: logged, left null
-            log.warning("step metrics of allocation %s not read (%s: %s); they stay null",
-                        allocation.job_id, type(exc).__name__, exc)
-            break
-        record = scheduler.accounting_records(output).get(allocation.job_id)
-        if step_id is None or output.rc != 0:
-            break
-        step = next((s for s in (record.steps if record else ()) if s.step_id == step_id), None)
-        if step is not None and step.state.terminal:
-            break
-        if attempt + 1 < attempts:
-            time.sleep(backoff.observe(False))
-    return from_step(allocation.job_id, step, step_id, exit_code, allocation.head)
+
+    def read() -> tuple[str | None, AccountingAnswer]:
+        with scheduler.agent.batch() as batch:
+            recorded = batch.add(tail_op([TailRequest(paths.file(STEP_ID_FILE), 0, 256)]))
+            acct = batch.add(scheduler.accounting_op([allocation.job_id]))
+        step_id = recorded.result().files[0].data.decode("utf-8", "replace").strip() or None
+        return step_id, sacct_answer(scheduler, allocation.job_id, acct.result())
+
+    def settled(value: tuple[str | None, AccountingAnswer]) -> bool:
+        step_id, answer = value
+        step = _step_line(answer, step_id)
+        return step_id is None or (step is not None and step.state.terminal)
+
+    got = read_until_final(read, settled, deadline=deadline, clock=clock, sleep=sleep)
+    step_id, answer = got.value if got.value is not None else (None, None)
+    line = _step_line(answer, step_id)
+    metrics = from_step(allocation.job_id, line, step_id, exit_code, allocation.head)
+    warn = warn or log.warning
+    if got.error is not None and got.value is None:
+        warn(f"step metrics of allocation {allocation.job_id} not read "
+             f"({type(got.error).__name__}: {got.error}); they stay null")
+    elif step_id is not None and metrics.state_source != SOURCE_SACCT and deadline > 0:
+        used = (f"state {metrics.state} from the step's exit-status file" if metrics.state
+                else "no state (the step's exit status is unknown)")
+        warn(f"Accounting of step {metrics.job_id} showed no final state after {got.attempts} "
+             f"read(s) over {got.waited:.1f} s ({_said(answer, line, got.error)}); the metadata "
+             f"reports {used}, and elapsed time, CPU efficiency and MaxRSS as null")
+    return metrics
+
+
+def _step_line(answer: AccountingAnswer | None, step_id: str | None) -> SacctStep | None:
+    """The sacct line of step ``step_id`` in ``answer`` (None when it has none)."""
+    if answer is None or answer.record is None or step_id is None:
+        return None
+    return next((s for s in answer.record.steps if s.step_id == step_id), None)
+
+
+def _said(answer: AccountingAnswer | None, line: SacctStep | None,
+          error: BaseException | None) -> str:
+    """What the last accounting answer said about a step, for the warning."""
+    if line is not None:
+        said = f"sacct said {line.state.value} for the step"
+    elif answer is not None and answer.record is not None:
+        said = "sacct had no line for the step"
+    else:
+        said = answer.describe() if answer is not None else "no answer"
+    return said if error is None else f"{said}; reading stopped on {type(error).__name__}: {error}"
 
 
 def _publish_tags(context: Any, job_id: str) -> None:
