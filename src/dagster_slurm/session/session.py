@@ -18,8 +18,11 @@ Every process of a run (each step process under the multiprocess executor) build
   from one daemon thread, stopped by :meth:`RunSession.close`. The orphan sensor reads the
   former, the allocation's dead-man's switch the latter.
 * **Teardown.** :meth:`RunSession.close` with ``cancel=True`` cancels every job carrying
-  the session's job name (current allocation, anything pending) and marks the session
-  closed, after which no process submits for it again.
+  the session's job name (current allocation, a successor pending or running, anything
+  pending) and marks the session closed, after which no process submits for it again.
+* **Successors.** :meth:`RunSession.submit_successor` queues the run's next allocation and
+  :meth:`RunSession.promote_successor` makes it the current one (see
+  :mod:`dagster_slurm.session.successor`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from dagster_slurm.session.errors import (
 )
 from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
+from dagster_slurm.session.successor import SuccessorAllocation
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
@@ -157,6 +161,9 @@ class RunSession:
         self._heartbeat: _Heartbeat | None = None
         self._closed = False
         self._used = False
+        #: Called with the job id of a newly promoted allocation to publish the run tag
+        #: ``dagster-slurm/allocation`` (None: no Dagster run to tag).
+        self.publish_allocation: Callable[[str], None] | None = None
 
     def _pause(self, seconds: float, waiting_for: str) -> None:
         """Sleep between two polls, calling :attr:`follow` at least every second."""
@@ -227,6 +234,42 @@ class RunSession:
             if not isinstance(exc, Exception):
                 self.interrupted = True
             raise
+
+    # -- successors ------------------------------------------------------------------------
+    def submit_successor(self, config: SlurmRunAllocationConfig | None = None, *,
+                         logger: Any = None) -> SuccessorAllocation:
+        """Queue a successor of the current allocation and return once sbatch answered.
+
+        Fields of ``config`` left unset take the current allocation's values, except
+        ``extra_sbatch_directives`` (this submission's only; empty unless given). Raises
+        :class:`SessionError` naming the outstanding successor when one is outstanding. The
+        successor carries the session's job name: teardown cancels it, pending or running.
+        """
+        from dagster_slurm.session.successor import submit_successor
+
+        self._begin_use()
+        return submit_successor(self, config or SlurmRunAllocationConfig(), logger)
+
+    def promote_successor(self, launcher: ComputeLauncher | None = None,
+                          activation_script: str | None = None, *,
+                          logger: Any = None) -> SlurmAllocation:
+        """Make the RUNNING successor the session's allocation (its Ray cluster started with
+        the session's launcher and environment, or ``launcher`` / ``activation_script``),
+        update the run tag and release the predecessor; returns the new allocation. Raises
+        :class:`SessionError` saying why when the successor is not RUNNING or a predecessor
+        payload is still active (running or waiting for srun). Repeating a completed
+        promotion only publishes the tag and releases the predecessor again."""
+        from dagster_slurm.session.successor import promote_successor
+
+        self._begin_use()
+        return promote_successor(self, launcher, activation_script, logger)
+
+    def _begin_use(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise SessionError(f"the run session {self.job_name} was closed in this process")
+            self._used = True
+            self._start_heartbeat()
 
     def step_follow(self, step: str) -> Callable[[], None]:
         """The ``on_poll`` of a wait on ``step``: calls :attr:`follow` (nothing without one)."""
@@ -360,14 +403,23 @@ class RunSession:
                 self._cancel_quietly(job_id, out)
             raise
 
-    def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
-        nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))
-        allocation = SlurmAllocation(
+    def _make_attached(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
+                       config: Mapping[str, Any] | None = None) -> SlurmAllocation:
+        """The allocation object of ``job_id`` (its ready file's ``values``); its drain
+        signal is the one of ``config`` (the allocation's recorded configuration; None or
+        empty: the session's)."""
+        signal = (config or {}).get("signal_before_timeout") or self.queue.signal_before_timeout
+        return SlurmAllocation(
             self.io.scheduler, self.paths, self.job_name, job_id,  # type: ignore[arg-type]
             nodes=nodes, head=values.get("head") or None,
-            ray_address=values.get("ray_address") or None, drain_signal=self.drain_signal,
+            ray_address=values.get("ray_address") or None,
+            drain_signal=drain_signal_of(signal) or "TERM",
             poll_interval=self.poll_interval, clock=self.clock, sleep=self.sleep,
         )
+
+    def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
+        nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))
+        allocation = self._make_attached(job_id, nodes, values, self._recorded_config(job_id))
         verb = "accepts steps" if mine else "found; attaching to it"
         out.info(
             f"Run allocation {job_id} {verb} (nodes {','.join(nodes) or '?'}"
@@ -386,6 +438,15 @@ class RunSession:
             except DagsterSlurmError as exc:
                 log.warning("could not record the allocation's nodes: %s", exc)
         return allocation
+
+    def _recorded_config(self, job_id: str) -> Mapping[str, Any] | None:
+        """The configuration recorded with head allocation ``job_id`` (None: not known)."""
+        try:
+            doc = self.io.read().doc
+        except DagsterSlurmError:
+            return None
+        record = doc.allocation if doc is not None else None
+        return record.config if record is not None and record.job_id == job_id else None
 
     def _settle_in_doubt(self, record: Allocation, out: _Log) -> None:
         """A ``submitting`` record whose submitter vanished: find its job by token."""
