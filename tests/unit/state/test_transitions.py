@@ -256,19 +256,25 @@ def test_random_sequences_keep_every_guarantee(initial: dict[str, Any],
                 assert not (pre is tr.HeadState.ABSENT and post is tr.HeadState.SUBMITTING)
         if post is tr.HeadState.UNRECOGNIZED:  # only ever one the initial document had
             assert pre is tr.HeadState.UNRECOGNIZED
-        live = {_identity(after.get("allocation")), _identity(after.get("successor"))} - {None}
-        seen |= live
-        retired = [_identity(entry) for entry in (after.get("history") or {}).values()]
-        assert seen <= set(retired) | live, "a head or successor record was lost"
-        assert not live & set(retired), "one record both live and retired"
-        if result.ok and decided.transition == "promote_successor":
-            assert after["allocation"]["token"] == before["successor"]["token"]
-            assert after.get("successor") is None
-            if before.get("allocation") is not None:
-                entry = after["history"][_name(before["allocation"])]
-                assert entry["final_state"] == "REPLACED"
-        assert len(retired) == len(set(retired)), "a record retired twice"
+        _check_records(before, after, seen, result.ok and decided.transition)
         history_of_reads.append(after)
+
+
+def _check_records(before: dict[str, Any], after: dict[str, Any], seen: set[str],
+                   applied: str | bool) -> None:
+    """No head or successor record lost or both live and retired; a promotion moved the
+    successor to the head and the predecessor to the history as REPLACED."""
+    live = {_identity(after.get("allocation")), _identity(after.get("successor"))} - {None}
+    seen |= live
+    retired = [_identity(entry) for entry in (after.get("history") or {}).values()]
+    assert seen <= set(retired) | live, "a head or successor record was lost"
+    assert not live & set(retired), "one record both live and retired"
+    assert len(retired) == len(set(retired)), "a record retired twice"
+    if applied == "promote_successor":
+        assert after["allocation"]["token"] == before["successor"]["token"]
+        assert after.get("successor") is None
+        if before.get("allocation") is not None:
+            assert after["history"][_name(before["allocation"])]["final_state"] == "REPLACED"
 
 
 def test_the_design_document_lists_every_edge() -> None:
