@@ -47,14 +47,14 @@ from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionErro
 from dagster_slurm.jobs.logs import ProgressLog as _Log
 from dagster_slurm.jobs.logs import notable_lines
 from dagster_slurm.jobs.paths import safe_name
-from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy, PendingTracker
+from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.script import render_template
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
-from dagster_slurm.session.allocation import SlurmAllocation, parse_ready
+from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import (
     SessionError,
@@ -64,6 +64,7 @@ from dagster_slurm.session.errors import (
 from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
 from dagster_slurm.session.successor import SuccessorAllocation
+from dagster_slurm.session.watch import _ENDED, _Heartbeat, _ReadyWatch
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
@@ -403,7 +404,7 @@ class RunSession:
                 self._cancel_quietly(job_id, out)
             raise
 
-    def _make_attached(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
+    def _make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
                        config: Mapping[str, Any] | None = None) -> SlurmAllocation:
         """The allocation object of ``job_id`` (its ready file's ``values``); its drain
         signal is the one of ``config`` (the allocation's recorded configuration; None or
@@ -419,7 +420,7 @@ class RunSession:
 
     def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
         nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))
-        allocation = self._make_attached(job_id, nodes, values, self._recorded_config(job_id))
+        allocation = self._make_allocation(job_id, nodes, values, self._recorded_config(job_id))
         verb = "accepts steps" if mine else "found; attaching to it"
         out.info(
             f"Run allocation {job_id} {verb} (nodes {','.join(nodes) or '?'}"
@@ -545,97 +546,3 @@ class RunSession:
         except DagsterSlurmError as exc:
             return f"(unreadable: {exc})"
         return text.rstrip() or "(empty)"
-
-
-_ENDED: Any = object()
-
-
-class _ReadyWatch:
-    """One allocation being waited for: each :meth:`poll` is one round trip (the step
-    server's ready file, with squeue when due)."""
-
-    CHECK_INTERVAL = 2.0
-
-    def __init__(self, session: RunSession, job_id: str, out: _Log) -> None:
-        self.session = session
-        self.job_id = job_id
-        self.out = out
-        self.tracker = PendingTracker(job_id, session.pending, out.info)
-        self.running_since: float | None = None
-        self.next_check = 0.0
-        self.backoff = PollBackoff(initial=0.25, maximum=5.0, factor=1.5)
-        self.delay = self.backoff.current
-
-    def poll(self) -> dict[str, Any] | None:
-        """The ready file's values once it exists; ``_ENDED`` when the allocation ended
-        after accepting steps (retired); None while waiting. Raises when it failed.
-
-        While the allocation is pending every poll asks squeue (for its reason); once it
-        runs, the ready file is read every poll and squeue every ``CHECK_INTERVAL`` seconds,
-        and always before a ready file is trusted (it may be an ended allocation's)."""
-        session, job_id = self.session, self.job_id
-        check = self.running_since is None or session.clock() >= self.next_check
-        polled = session.io.poll_ready(session.job_name, job_id, with_status=check)
-        if polled.status is None:
-            if polled.ready is not None:
-                self.next_check, self.delay = 0.0, 0.0
-            return None
-        self.next_check = session.clock() + self.CHECK_INTERVAL
-        snapshot = polled.status
-        observed = snapshot.job(job_id)
-        state = snapshot.ended_state(job_id)
-        ended = state is not None
-        if polled.ready is not None:
-            if ended:
-                session._retire(job_id, "job_id", state)
-                self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
-                return _ENDED
-            return parse_ready(polled.ready)
-        if ended:
-            tail = session._log_tail(job_id)
-            session._retire(job_id, "job_id", state)
-            raise SessionError(
-                f"run allocation {job_id} ended ({state}) before it accepted steps; its "
-                f"log {session.paths.output_of(job_id)} ends with:\n{tail}"
-            )
-        self.tracker(observed)
-        if observed.state is not None and observed.state.active and not observed.state.pending:
-            self._running()
-        else:
-            self.delay = self.backoff.observe(False)
-        return None
-
-    def _running(self) -> None:
-        session = self.session
-        if self.running_since is None:
-            self.running_since = session.clock()
-            self.out.info(f"Run allocation {self.job_id} is running; waiting for it to accept "
-                          f"steps{' (starting Ray)' if session.has_ray else ''}")
-        if session.clock() - self.running_since > session.config.startup_timeout:
-            raise SessionError(
-                f"run allocation {self.job_id} did not accept steps within "
-                f"{session.config.startup_timeout:g} s of starting (startup_timeout); its log "
-                f"ends with:\n{session._log_tail(self.job_id)}"
-            )
-        self.delay = self.backoff.observe(True)
-
-
-class _Heartbeat(threading.Thread):
-    """Calls ``session.beat()`` every ``interval`` seconds until stopped (a daemon thread)."""
-
-    def __init__(self, session: RunSession, interval: float) -> None:
-        super().__init__(name=f"dagster-slurm-heartbeat-{session.job_name}", daemon=True)
-        self.session = session
-        self.interval = interval
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
-                self.session.beat()
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
-                log.warning("heartbeat of %s failed: %s", self.session.job_name, exc)
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=10)

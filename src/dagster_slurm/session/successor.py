@@ -231,6 +231,9 @@ def promote_successor(session: RunSession, launcher: ComputeLauncher | None = No
     values = _start(session, record, launcher, activation_script, out)
     with session._lock:
         doc = _open_document(session)
+        head = doc.allocation
+        if doc.successor is None and head is not None and head.job_id == job_id:
+            return _repair(session, doc, out)  # another process promoted it meanwhile
         if doc.successor is None or doc.successor.job_id != job_id or _predecessor(doc) != predecessor:
             raise SessionError("the session's allocations changed while the successor started; "
                                "call promote_successor() again")
@@ -244,7 +247,7 @@ def promote_successor(session: RunSession, launcher: ComputeLauncher | None = No
         if not session.io.apply(decided).ok:
             raise SessionError("the session document changed while the successor was "
                                "promoted; call promote_successor() again")
-        allocation = session._make_attached(job_id, nodes, values, record.config)
+        allocation = session._make_allocation(job_id, nodes, values, record.config)
         session._allocation = allocation
     out.info(f"Promoted successor allocation {job_id}"
              + (f" (replacing {predecessor})" if predecessor else "")
@@ -309,7 +312,7 @@ def _start(session: RunSession, record: Allocation, launcher: ComputeLauncher | 
     """Start the successor's allocation script (once) and wait until its step server
     accepts steps; the values of its ready file. Holds no lock of the session."""
     from dagster_slurm.session.allocation import parse_ready
-    from dagster_slurm.session.session import _ENDED, _ReadyWatch
+    from dagster_slurm.session.watch import _ENDED, _ReadyWatch
 
     job_id, token = str(record.job_id), str(record.token)
     polled = session.io.poll_ready(session.job_name, job_id, with_status=False)
