@@ -198,6 +198,16 @@ def test_a_fresh_process_finds_the_successor_after_its_predecessor_ended() -> No
     assert doc["history"][head]["final_state"] == "TIMEOUT"
 
 
+def test_the_heartbeat_runs_while_the_caller_waits_for_a_queued_successor() -> None:
+    session, cluster, _ = _running_head()
+    session.close(cancel=False)  # this process stopped using the session ...
+    fresh, _ = _session(cluster)
+    started: list[bool] = []
+    fresh._start_heartbeat = lambda: started.append(True)  # type: ignore[method-assign]
+    fresh.submit_successor()  # ... another one queues the successor and waits for it
+    assert started == [True]
+
+
 def test_teardown_cancels_a_pending_successor() -> None:
     session, cluster, head = _running_head()
     successor = session.submit_successor()
