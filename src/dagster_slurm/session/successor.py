@@ -33,6 +33,8 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token
@@ -98,11 +100,19 @@ def inherit_config(current: Mapping[str, Any], given: SlurmRunAllocationConfig) 
     values["extra_sbatch_directives"] = list(given.extra_sbatch_directives)
     try:
         return SlurmRunAllocationConfig(**values)
-    except ConfigurationError:
-        raise
-    except Exception as exc:  # pydantic's error, with the field in its text
-        raise ConfigurationError("config", given.snapshot(), f"with the inherited fields "
-                                 f"{sorted(set(values) - given.model_fields_set)}: {exc}") from None
+    except ValidationError as exc:  # a combination of given and inherited values
+        for detail in exc.errors():
+            cause = (detail.get("ctx") or {}).get("error")
+            if isinstance(cause, ConfigurationError):
+                raise ConfigurationError(
+                    cause.field, cause.value,
+                    f"{cause.problem} (fields of the successor's configuration left unset "
+                    "take the current allocation's values; set them explicitly)") from None
+        raise ConfigurationError(
+            "config", given.snapshot(),
+            f"does not combine with the inherited fields "
+            f"{sorted(set(values) - given.model_fields_set)}: {exc}; set them explicitly",
+        ) from None
 
 
 # -- submission --------------------------------------------------------------------------------

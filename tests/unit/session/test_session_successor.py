@@ -91,6 +91,14 @@ def test_extra_directives_apply_to_the_one_submission_that_names_them() -> None:
     assert again.extra_sbatch_directives == []
 
 
+def test_a_bad_combination_with_inherited_fields_names_the_field() -> None:
+    from dagster_slurm.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="signal_before_timeout.*inherited|signal_before_timeout.*current allocation"):
+        inherit_config(SlurmRunAllocationConfig(**CONFIG).snapshot(),
+                       SlurmRunAllocationConfig(time_limit="00:00:30"))
+
+
 def test_a_second_successor_is_refused_naming_the_outstanding_one() -> None:
     session, cluster, _ = _running_head()
     first = session.submit_successor()
