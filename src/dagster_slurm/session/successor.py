@@ -375,8 +375,9 @@ def _repair(session: RunSession, doc: SessionDocument, out: ProgressLog) -> Slur
 
 
 def _finish(session: RunSession, job_id: str, predecessor: str | None, out: ProgressLog) -> None:
-    """Publish the run tag of ``job_id`` and cancel the ``predecessor`` (best effort: both
-    are repeated by calling promote_successor() again)."""
+    """Publish the run tag of ``job_id`` and cancel the ``predecessor`` unless a step still
+    runs in it (one admitted in the moment between the last check and the publication;
+    best effort: both are repeated by calling promote_successor() again)."""
     publish = session.publish_allocation
     if publish is not None:
         publish(job_id)
@@ -385,9 +386,17 @@ def _finish(session: RunSession, job_id: str, predecessor: str | None, out: Prog
     try:
         snapshot = session.io.queue([session.job_name])
         observed = snapshot.job(predecessor)
-        if observed.state is not None and observed.state.active:
-            session.io.cancel([predecessor])
-            out.info(f"Released the predecessor allocation {predecessor}")
+        if observed.state is None or not observed.state.active:
+            return
+        late = session.io.active_steps(predecessor)
+        if late:  # admitted between the last check and the publication: never cut off
+            out.warning(f"The predecessor allocation {predecessor} is kept for now: "
+                        f"{'; '.join(late)} started in it just before the promotion; "
+                        "promote_successor() releases it once they finished (teardown "
+                        "cancels it in any case)")
+            return
+        session.io.cancel([predecessor])
+        out.info(f"Released the predecessor allocation {predecessor}")
     except DagsterSlurmError as exc:
         out.error(f"could not release the predecessor allocation {predecessor}: {exc}; call "
                   f"promote_successor() again or run `scancel {predecessor}`")

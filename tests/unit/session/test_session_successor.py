@@ -190,6 +190,26 @@ def test_repeated_promotion_only_repairs_tags_and_cleanup() -> None:
     assert cluster.cancelled.count(head) == 2
 
 
+def test_a_step_that_slipped_in_before_publication_keeps_the_predecessor_alive() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.run_without_ready(successor.job_id)
+    _start_on_promotion(cluster, successor.job_id)
+    checks = {"n": 0}
+    real = cluster.active_steps
+
+    def slipped(job_id: str) -> list[str]:
+        checks["n"] += 1
+        return ["running late"] if checks["n"] >= 3 else real(job_id)  # after the re-check
+
+    cluster.active_steps = slipped  # type: ignore[method-assign]
+    assert session.promote_successor().job_id == successor.job_id
+    assert head not in cluster.cancelled
+    cluster.active_steps = real  # type: ignore[method-assign]
+    session.promote_successor()  # the repair releases it once the step finished
+    assert head in cluster.cancelled
+
+
 def test_a_fresh_process_finds_the_successor_after_its_predecessor_ended() -> None:
     session, cluster, head = _running_head()
     successor = session.submit_successor()
