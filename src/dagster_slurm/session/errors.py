@@ -80,4 +80,6 @@ class SlurmStepDrained(DagsterSlurmError):
 
 
 class SessionError(DagsterSlurmError):
-    """The run session cannot provide an allocation (submission failed, startup failed)."""
+    """The run session cannot provide an allocation (submission failed, startup failed), or
+    refused a successor operation (one is outstanding, it is not RUNNING, a predecessor
+    payload is active); the message says which and what to do."""

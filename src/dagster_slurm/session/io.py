@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dagster_slurm.agent import tail_op, write_file_op
+from dagster_slurm.agent import exec_op, tail_op, write_file_op
 from dagster_slurm.agent.results import TailRequest, TxnResult
+from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -25,6 +26,23 @@ from dagster_slurm.state.store import AgentStateStore, StateStore
 from dagster_slurm.state.transitions import Change, document
 
 Files = Mapping[str, tuple[str | bytes, int]]
+
+#: Lists the unfinished steps of an allocation (argument: its requests directory): a request
+#: not claimed yet, or a claimed one whose status file (the fourth line) does not exist yet.
+_ACTIVE_STEPS = r"""
+cd -- "$1" 2>/dev/null || exit 0
+for f in *.request; do
+    [ -e "$f" ] && printf 'waiting %s\n' "${f%.request}"
+done
+for f in *.taken; do
+    [ -e "$f" ] || continue
+    { IFS= read -r _ && IFS= read -r _ && IFS= read -r _ && IFS= read -r status \
+        && IFS= read -r _ && IFS= read -r name; } < "$f" || continue
+    # a status file, or no invocation directory any more (cleaned up): finished
+    [ -e "$status" ] || [ ! -d "${status%/*}" ] || printf 'running %s\n' "$name"
+done
+exit 0
+"""
 
 
 @dataclass(frozen=True)
@@ -56,10 +74,22 @@ class SessionIO(Protocol):
         """Apply a transition's patch under the session lock (``ok`` False: a guard failed)."""
 
     def submit(self, spec: SbatchSpec, *, files: Files, token: str,
-               record_value: Mapping[str, Any], create: Mapping[str, Any]) -> SubmittedJob:
-        """Write ``files``, record ``token`` at ``/allocation`` if absent and the session is
-        open (:data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`), run sbatch. Raises
-        SubmissionInDoubt when another record is there, SubmitGuardFailed when closed."""
+               record_value: Mapping[str, Any], create: Mapping[str, Any],
+               record: str = "/allocation",
+               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS) -> SubmittedJob:
+        """Write ``files``, record ``token`` at ``record`` (``/allocation``, or
+        ``/successor``) if absent and ``guards`` hold (the head's: the session is open,
+        :data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`), run sbatch. Raises
+        SubmissionInDoubt when another record is there, SubmitGuardFailed when a guard
+        failed."""
+
+    def write_files(self, files: Files) -> None:
+        """Write ``files`` in their order (one round trip; parents are created)."""
+
+    def active_steps(self, job_id: str) -> list[str]:
+        """The steps of allocation ``job_id`` that have not finished: requested and not yet
+        claimed by its step server (``waiting <request id>``), or started without a status
+        file yet (``running <step name>``)."""
 
     def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
         """squeue for the session's job name(s)."""
@@ -109,12 +139,30 @@ class AgentSessionIO:
         return self.store.transact(change.patch)
 
     def submit(self, spec: SbatchSpec, *, files: Files, token: str,
-               record_value: Mapping[str, Any], create: Mapping[str, Any]) -> SubmittedJob:
+               record_value: Mapping[str, Any], create: Mapping[str, Any],
+               record: str = "/allocation",
+               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS) -> SubmittedJob:
         return self.scheduler.submit(
             spec, state_path=self.paths.document, lock_path=self.paths.lock,
-            record="/allocation", record_value=record_value, create=create, files=files,
-            token=token, guards=tr.SUBMIT_GUARDS,
+            record=record, record_value=record_value, create=create, files=files,
+            token=token, guards=guards,
         )
+
+    def write_files(self, files: Files) -> None:
+        with self.slurm.agent().batch() as batch:
+            written = [batch.add(write_file_op(path, content, mode=mode, makedirs=True))
+                       for path, (content, mode) in files.items()]
+        for item in written:
+            item.result()
+
+    def active_steps(self, job_id: str) -> list[str]:
+        requests = f"{self.paths.job_dir(job_id)}/requests"
+        result = self.slurm.agent().run(exec_op(["bash", "-c", _ACTIVE_STEPS, "active", requests],
+                                                timeout=30))
+        if result.rc != 0:
+            raise SchedulerError(f"could not list the steps of allocation {job_id}: "
+                                 f"{result.stderr.strip() or f'exit code {result.rc}'}")
+        return [line for line in result.stdout.splitlines() if line.strip()]
 
     def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
         return self.scheduler.status(list(job_names))

@@ -62,6 +62,7 @@ def run_session_for(
     follow the run (:class:`~dagster_slurm.jobs.follow.RunFollower` of the context's instance,
     every ``run_status_interval`` seconds): they stop once the run is no longer running."""
     from dagster_slurm.jobs.activation import activation_for
+    from dagster_slurm.session.successor import publish_run_tag
 
     run_id = run_id_of(context)
     if run_id is None:
@@ -73,11 +74,13 @@ def run_session_for(
     def factory() -> RunSession:
         follower = RunFollower(getattr(context, "instance", None), run_id,
                                interval=run_status_interval)
-        return RunSession(
+        session = RunSession(
             slurm, run_id, config, launcher, activation=lambda: activation_for(owner, context),
             pending=pending, poll_interval=poll_interval, environment=environment,
             follow=follower.check,
         )
+        session.publish_allocation = lambda job_id: publish_run_tag(context, job_id)
+        return session
 
     return session_for(f"{slurm.base_path()}|{run_id}|{digest}", factory)
 

@@ -71,9 +71,14 @@ class OrphanReport:
 
 
 def _last_sign_of_life(doc: SessionDocument) -> float | None:
-    head = doc.allocation
+    """The latest time a supervisor acted for the session: its heartbeat, the head's
+    submission or readiness (a promoted successor's included), a successor's submission.
+    Which allocation is the head, and whether earlier ones ended, does not matter: a run
+    whose first allocation ended while its successor runs is judged by these alone."""
+    head, successor = doc.allocation, doc.successor
     times = [doc.heartbeat.at if doc.heartbeat else None,
-             head.submitted_at if head else None, doc.created_at]
+             head.submitted_at if head else None, head.ready_at if head else None,
+             successor.submitted_at if successor else None, doc.created_at]
     known = [float(t) for t in times if t is not None]
     return max(known) if known else None
 

@@ -17,6 +17,7 @@ from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SlurmStepExecutionResult
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.successor import SuccessorAllocation
 
 
 class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
@@ -25,7 +26,9 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     ``get_session(context)`` returns the run's session in this process (the same object
     ``ComputeResource.get_run_allocation_session`` returns for its own settings);
     ``execute_in_session(context, command)`` runs a command as a step of the allocation
-    and returns a :class:`~dagster_slurm.session.errors.SlurmStepExecutionResult`. The
+    and returns a :class:`~dagster_slurm.session.errors.SlurmStepExecutionResult`;
+    ``submit_successor`` / ``promote_successor`` carry the run on in a successor allocation
+    (the session's methods of the same names). The
     allocation is cancelled at the run's teardown (see :mod:`dagster_slurm.session.lifecycle`).
     """
 
@@ -77,6 +80,20 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     def allocation(self, context: Any) -> SlurmAllocation:
         """The run's current allocation (submitted or attached to, and ready)."""
         return self.get_session(context).ensure(getattr(context, "log", None))
+
+    def submit_successor(self, context: Any,
+                         config: SlurmRunAllocationConfig | None = None) -> SuccessorAllocation:
+        """Queue a successor of the run's current allocation; see
+        :meth:`RunSession.submit_successor`."""
+        return self.get_session(context).submit_successor(config,
+                                                          logger=getattr(context, "log", None))
+
+    def promote_successor(self, context: Any, launcher: ComputeLauncher | None = None,
+                          activation_script: str | None = None) -> SlurmAllocation:
+        """Make the run's RUNNING successor its allocation; see
+        :meth:`RunSession.promote_successor`."""
+        return self.get_session(context).promote_successor(
+            launcher, activation_script, logger=getattr(context, "log", None))
 
     def execute_in_session(
         self,

@@ -18,8 +18,11 @@ Every process of a run (each step process under the multiprocess executor) build
   from one daemon thread, stopped by :meth:`RunSession.close`. The orphan sensor reads the
   former, the allocation's dead-man's switch the latter.
 * **Teardown.** :meth:`RunSession.close` with ``cancel=True`` cancels every job carrying
-  the session's job name (current allocation, anything pending) and marks the session
-  closed, after which no process submits for it again.
+  the session's job name (current allocation, a successor pending or running, anything
+  pending) and marks the session closed, after which no process submits for it again.
+* **Successors.** :meth:`RunSession.submit_successor` queues the run's next allocation and
+  :meth:`RunSession.promote_successor` makes it the current one (see
+  :mod:`dagster_slurm.session.successor`).
 """
 
 from __future__ import annotations
@@ -44,14 +47,14 @@ from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionErro
 from dagster_slurm.jobs.logs import ProgressLog as _Log
 from dagster_slurm.jobs.logs import notable_lines
 from dagster_slurm.jobs.paths import safe_name
-from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy, PendingTracker
+from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.script import render_template
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
-from dagster_slurm.session.allocation import SlurmAllocation, parse_ready
+from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import (
     SessionError,
@@ -60,6 +63,8 @@ from dagster_slurm.session.errors import (
 )
 from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
+from dagster_slurm.session.successor import SuccessorAllocation
+from dagster_slurm.session.watch import _ENDED, _Heartbeat, _ReadyWatch
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
@@ -157,6 +162,9 @@ class RunSession:
         self._heartbeat: _Heartbeat | None = None
         self._closed = False
         self._used = False
+        #: Called with the job id of a newly promoted allocation to publish the run tag
+        #: ``dagster-slurm/allocation`` (None: no Dagster run to tag).
+        self.publish_allocation: Callable[[str], None] | None = None
 
     def _pause(self, seconds: float, waiting_for: str) -> None:
         """Sleep between two polls, calling :attr:`follow` at least every second."""
@@ -227,6 +235,42 @@ class RunSession:
             if not isinstance(exc, Exception):
                 self.interrupted = True
             raise
+
+    # -- successors ------------------------------------------------------------------------
+    def submit_successor(self, config: SlurmRunAllocationConfig | None = None, *,
+                         logger: Any = None) -> SuccessorAllocation:
+        """Queue a successor of the current allocation and return once sbatch answered.
+
+        Fields of ``config`` left unset take the current allocation's values, except
+        ``extra_sbatch_directives`` (this submission's only; empty unless given). Raises
+        :class:`SessionError` naming the outstanding successor when one is outstanding. The
+        successor carries the session's job name: teardown cancels it, pending or running.
+        """
+        from dagster_slurm.session.successor import submit_successor
+
+        self._begin_use()
+        return submit_successor(self, config or SlurmRunAllocationConfig(), logger)
+
+    def promote_successor(self, launcher: ComputeLauncher | None = None,
+                          activation_script: str | None = None, *,
+                          logger: Any = None) -> SlurmAllocation:
+        """Make the RUNNING successor the session's allocation (its Ray cluster started with
+        the session's launcher and environment, or ``launcher`` / ``activation_script``),
+        update the run tag and release the predecessor; returns the new allocation. Raises
+        :class:`SessionError` saying why when the successor is not RUNNING or a predecessor
+        payload is still active (running or waiting for srun). Repeating a completed
+        promotion only publishes the tag and releases the predecessor again."""
+        from dagster_slurm.session.successor import promote_successor
+
+        self._begin_use()
+        return promote_successor(self, launcher, activation_script, logger)
+
+    def _begin_use(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise SessionError(f"the run session {self.job_name} was closed in this process")
+            self._used = True
+            self._start_heartbeat()
 
     def step_follow(self, step: str) -> Callable[[], None]:
         """The ``on_poll`` of a wait on ``step``: calls :attr:`follow` (nothing without one)."""
@@ -360,14 +404,23 @@ class RunSession:
                 self._cancel_quietly(job_id, out)
             raise
 
-    def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
-        nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))
-        allocation = SlurmAllocation(
+    def _make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
+                       config: Mapping[str, Any] | None = None) -> SlurmAllocation:
+        """The allocation object of ``job_id`` (its ready file's ``values``); its drain
+        signal is the one of ``config`` (the allocation's recorded configuration; None or
+        empty: the session's)."""
+        signal = (config or {}).get("signal_before_timeout") or self.queue.signal_before_timeout
+        return SlurmAllocation(
             self.io.scheduler, self.paths, self.job_name, job_id,  # type: ignore[arg-type]
             nodes=nodes, head=values.get("head") or None,
-            ray_address=values.get("ray_address") or None, drain_signal=self.drain_signal,
+            ray_address=values.get("ray_address") or None,
+            drain_signal=drain_signal_of(signal) or "TERM",
             poll_interval=self.poll_interval, clock=self.clock, sleep=self.sleep,
         )
+
+    def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
+        nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))
+        allocation = self._make_allocation(job_id, nodes, values, self._recorded_config(job_id))
         verb = "accepts steps" if mine else "found; attaching to it"
         out.info(
             f"Run allocation {job_id} {verb} (nodes {','.join(nodes) or '?'}"
@@ -386,6 +439,15 @@ class RunSession:
             except DagsterSlurmError as exc:
                 log.warning("could not record the allocation's nodes: %s", exc)
         return allocation
+
+    def _recorded_config(self, job_id: str) -> Mapping[str, Any] | None:
+        """The configuration recorded with head allocation ``job_id`` (None: not known)."""
+        try:
+            doc = self.io.read().doc
+        except DagsterSlurmError:
+            return None
+        record = doc.allocation if doc is not None else None
+        return record.config if record is not None and record.job_id == job_id else None
 
     def _settle_in_doubt(self, record: Allocation, out: _Log) -> None:
         """A ``submitting`` record whose submitter vanished: find its job by token."""
@@ -484,97 +546,3 @@ class RunSession:
         except DagsterSlurmError as exc:
             return f"(unreadable: {exc})"
         return text.rstrip() or "(empty)"
-
-
-_ENDED: Any = object()
-
-
-class _ReadyWatch:
-    """One allocation being waited for: each :meth:`poll` is one round trip (the step
-    server's ready file, with squeue when due)."""
-
-    CHECK_INTERVAL = 2.0
-
-    def __init__(self, session: RunSession, job_id: str, out: _Log) -> None:
-        self.session = session
-        self.job_id = job_id
-        self.out = out
-        self.tracker = PendingTracker(job_id, session.pending, out.info)
-        self.running_since: float | None = None
-        self.next_check = 0.0
-        self.backoff = PollBackoff(initial=0.25, maximum=5.0, factor=1.5)
-        self.delay = self.backoff.current
-
-    def poll(self) -> dict[str, Any] | None:
-        """The ready file's values once it exists; ``_ENDED`` when the allocation ended
-        after accepting steps (retired); None while waiting. Raises when it failed.
-
-        While the allocation is pending every poll asks squeue (for its reason); once it
-        runs, the ready file is read every poll and squeue every ``CHECK_INTERVAL`` seconds,
-        and always before a ready file is trusted (it may be an ended allocation's)."""
-        session, job_id = self.session, self.job_id
-        check = self.running_since is None or session.clock() >= self.next_check
-        polled = session.io.poll_ready(session.job_name, job_id, with_status=check)
-        if polled.status is None:
-            if polled.ready is not None:
-                self.next_check, self.delay = 0.0, 0.0
-            return None
-        self.next_check = session.clock() + self.CHECK_INTERVAL
-        snapshot = polled.status
-        observed = snapshot.job(job_id)
-        state = snapshot.ended_state(job_id)
-        ended = state is not None
-        if polled.ready is not None:
-            if ended:
-                session._retire(job_id, "job_id", state)
-                self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
-                return _ENDED
-            return parse_ready(polled.ready)
-        if ended:
-            tail = session._log_tail(job_id)
-            session._retire(job_id, "job_id", state)
-            raise SessionError(
-                f"run allocation {job_id} ended ({state}) before it accepted steps; its "
-                f"log {session.paths.output_of(job_id)} ends with:\n{tail}"
-            )
-        self.tracker(observed)
-        if observed.state is not None and observed.state.active and not observed.state.pending:
-            self._running()
-        else:
-            self.delay = self.backoff.observe(False)
-        return None
-
-    def _running(self) -> None:
-        session = self.session
-        if self.running_since is None:
-            self.running_since = session.clock()
-            self.out.info(f"Run allocation {self.job_id} is running; waiting for it to accept "
-                          f"steps{' (starting Ray)' if session.has_ray else ''}")
-        if session.clock() - self.running_since > session.config.startup_timeout:
-            raise SessionError(
-                f"run allocation {self.job_id} did not accept steps within "
-                f"{session.config.startup_timeout:g} s of starting (startup_timeout); its log "
-                f"ends with:\n{session._log_tail(self.job_id)}"
-            )
-        self.delay = self.backoff.observe(True)
-
-
-class _Heartbeat(threading.Thread):
-    """Calls ``session.beat()`` every ``interval`` seconds until stopped (a daemon thread)."""
-
-    def __init__(self, session: RunSession, interval: float) -> None:
-        super().__init__(name=f"dagster-slurm-heartbeat-{session.job_name}", daemon=True)
-        self.session = session
-        self.interval = interval
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
-                self.session.beat()
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
-                log.warning("heartbeat of %s failed: %s", self.session.job_name, exc)
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=10)

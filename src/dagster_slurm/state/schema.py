@@ -33,7 +33,10 @@ job id, or ``failed``/``unknown`` when sbatch refused or did not answer), ``subm
 ``finished_at`` (when sbatch answered), ``rc`` and ``error`` (sbatch's exit code and message),
 ``config`` (a snapshot of the allocation config), ``nodes`` and ``ray_address`` (written once
 the step server is ready, with ``ready_at``), ``drain_requested_at``; in ``history`` also
-``final_state`` (the scheduler state it ended in, or why it was retired) and ``ended_at``.
+``final_state`` (the scheduler state it ended in, or why it was retired: ``REPLACED`` for a
+head a promoted successor replaced) and ``ended_at``. A successor record also has
+``predecessor`` (the head's job id when it was queued); a promoted one, as head,
+``promoted_from`` (the job id it replaced, None when the predecessor had ended before).
 Worker: ``job_id``, ``role`` (``worker``), ``intent`` (key of the intent that owns it, or
 None), ``token``, ``submitted_at`` (None unless submitted by intent reconciliation),
 ``drain_deadline`` (persisted before a drain starts), ``released``, ``config``, ``nodes``,
@@ -85,6 +88,8 @@ class Allocation(_Record):
     drain_requested_at: float | None = None
     final_state: str | None = None
     ended_at: float | None = None
+    predecessor: str | None = None
+    promoted_from: str | None = None
 
 
 class Worker(_Record):

@@ -14,7 +14,9 @@ the unlocked read and the locked write; a guard then fails and the store reports
 a caller that did not read the document (``doc=None``: the step launch and the drain record,
 which must stay one round trip) gets the same check, made under the lock.
 
-This module is the only place that writes session-document patches. The agent's ``submit``
+This module and :mod:`dagster_slurm.state.successor_transitions` (the successor's
+transitions, listed in the same table) are the only places that write session-document
+patches. The agent's ``submit``
 operation writes the head's submission record itself (it must happen under the lock right
 before sbatch); :func:`submit_head` returns the same patch, and
 :func:`head_submission_record` the value the session passes to that operation, so the fakes
@@ -29,6 +31,14 @@ The head allocation's states (:class:`HeadState`) and the edges between them::
 :data:`TRANSITIONS` lists every edge with the reason it exists. Session-wide transitions
 (``beat``, ``close_session``) leave the head's state as it is; ``submit_head`` is refused once
 the session is closed.
+
+The successor (``/successor``, a queued allocation that will replace the head) has its own
+record, written like the head's by the agent's ``submit`` operation (``submit_successor``,
+then ``successor_submitted`` or ``successor_submit_failed``), moved to the history when it
+ends before promotion (``retire_successor``) and moved to ``/allocation`` by
+``promote_successor``, which moves the predecessor to the history with the final state
+``REPLACED``. These edges leave the head's state as it is, except ``promote_successor``
+(the promoted successor is READY).
 """
 
 from __future__ import annotations
@@ -119,6 +129,26 @@ TRANSITIONS: tuple[Edge, ...] = (
          "an unanswered submission whose token squeue does not list: history"),
     Edge(HeadState.UNRECOGNIZED, "retire", HeadState.ABSENT,
          "a record of a newer library that ended: history, kept as it was"),
+    Edge(HeadState.SUBMITTED, "submit_successor", HeadState.SUBMITTED,
+         "a successor is queued behind a head that has not accepted steps yet"),
+    Edge(HeadState.READY, "submit_successor", HeadState.READY,
+         "a successor is queued while the head runs: its token is recorded at /successor"),
+    Edge(HeadState.DRAINING, "submit_successor", HeadState.DRAINING,
+         "a successor is queued while the head drains its payloads"),
+    Edge(ANY, "successor_submitted", ANY,
+         "sbatch printed the successor's job id (written by the agent's submit operation)"),
+    Edge(ANY, "successor_submit_failed", ANY,
+         "sbatch refused the successor (or did not answer); its message is kept"),
+    Edge(ANY, "retire_successor", ANY,
+         "a successor that ended, or whose submission failed, before promotion: history"),
+    Edge(HeadState.ABSENT, "promote_successor", HeadState.READY,
+         "the predecessor ended and was retired: the ready successor becomes the head"),
+    Edge(HeadState.SUBMITTED, "promote_successor", HeadState.READY,
+         "the ready successor replaces a head that never accepted steps: history, REPLACED"),
+    Edge(HeadState.READY, "promote_successor", HeadState.READY,
+         "the ready successor replaces the running head: history, REPLACED"),
+    Edge(HeadState.DRAINING, "promote_successor", HeadState.READY,
+         "the ready successor replaces the drained head: history, REPLACED"),
     Edge(ANY, "beat", ANY,
          "a supervising process is alive: host, pid and the login node's time"),
     Edge(ANY, "close_session", ANY,
@@ -396,3 +426,4 @@ def close_session(doc: SessionDocument | None, *, reason: str) -> Outcome:
         {"op": "add", "path": "/closed_at", "value_now": 0},
         {"op": "add", "path": "/closed_reason", "value": reason},
     ))
+

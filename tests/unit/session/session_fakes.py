@@ -22,6 +22,7 @@ from dagster_slurm.session.io import DocumentRead, ReadyPoll
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.parsers import SqueueRecord
 from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import successor_transitions as st_succ
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.store import MemoryStateStore
 
@@ -85,6 +86,10 @@ class FakeCluster:
     cancelled: list[str] = field(default_factory=list)
     beats: list[str] = field(default_factory=list)
     next_id: int = 100
+    specs: list[SbatchSpec] = field(default_factory=list)
+    steps: dict[str, list[str]] = field(default_factory=dict)
+    """Per job id: the unfinished steps ``active_steps`` reports."""
+    on_write: Callable[[Mapping[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         self.store = MemoryStateStore(self.initial, clock=self.clock.wall)
@@ -108,29 +113,33 @@ class FakeCluster:
 
     def submit(self, spec: SbatchSpec, *, files: Mapping[str, tuple[str | bytes, int]],
                token: str, record_value: Mapping[str, Any],
-               create: Mapping[str, Any]) -> SubmittedJob:
+               create: Mapping[str, Any], record: str = "/allocation",
+               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS) -> SubmittedJob:
         self._count("sbatch")
+        self.specs.append(spec)
         for path, (content, _mode) in files.items():
             self.files[path] = content if isinstance(content, str) else content.decode()
         # what the agent's submit op writes: the record if absent ...
         intent = self.store.transact([
-            *tr.SUBMIT_GUARDS,
-            {"op": "absent", "path": "/allocation"},
-            {"op": "add", "path": "/allocation",
+            *guards,
+            {"op": "absent", "path": record},
+            {"op": "add", "path": record,
              "value": dict(record_value, token=token, status="submitting")},
-            {"op": "add", "path": "/allocation/submitted_at", "value_now": 0},
+            {"op": "add", "path": f"{record}/submitted_at", "value_now": 0},
         ])
-        if not intent.ok and (intent.conflict or {}).get("index", 99) < len(tr.SUBMIT_GUARDS):
-            raise SubmitGuardFailed("SubmitGuardFailed", "closed", {}, 0)
+        if not intent.ok and (intent.conflict or {}).get("index", 99) < len(guards):
+            raise SubmitGuardFailed("SubmitGuardFailed", "guard", {}, 0)
         if not intent.ok:
-            found = (intent.doc or {}).get("allocation") or {}
+            found = (intent.doc or {}).get(record.strip("/")) or {}
             if found.get("status") == "submitted" and found.get("job_id"):
                 return SubmittedJob(str(found["job_id"]), token, recovered=True)
             raise SubmissionInDoubt("SubmissionInDoubt", "record exists", {"record": found}, 0)
         # ... then sbatch, then the outcome
         doc = tr.document(self.store.snapshot().doc)
+        successor = record == "/successor"
         if self.sbatch_error is not None:
-            failed = tr.head_submit_failed(doc, token=token, error=self.sbatch_error, rc=1)
+            failed = (st_succ.successor_submit_failed if successor else tr.head_submit_failed)(
+                doc, token=token, error=self.sbatch_error, rc=1)
             assert isinstance(failed, tr.Change)
             self.store.transact(failed.patch)
             raise SchedulerError(f"sbatch rejected job {spec.job_name!r}: {self.sbatch_error}")
@@ -138,12 +147,24 @@ class FakeCluster:
         self.next_id += 1
         job = FakeJob(job_id, spec.job_name, token)
         self.jobs[job_id] = job
-        done = tr.head_submitted(doc, token=token, job_id=job_id)
+        done = (st_succ.successor_submitted if successor else tr.head_submitted)(
+            doc, token=token, job_id=job_id)
         assert isinstance(done, tr.Change)
         assert self.store.transact(done.patch).ok
         if self.on_submit is not None:
             self.on_submit(job)
         return SubmittedJob(job_id, token)
+
+    def write_files(self, files: Mapping[str, tuple[str | bytes, int]]) -> None:
+        self._count("write_files")
+        for path, (content, _mode) in files.items():
+            self.files[path] = content if isinstance(content, str) else content.decode()
+        if self.on_write is not None:
+            self.on_write(files)
+
+    def active_steps(self, job_id: str) -> list[str]:
+        self._count("active_steps")
+        return list(self.steps.get(job_id, []))
 
     def _snapshot(self, job_names: Sequence[str]) -> StatusSnapshot:
         if not self.queue_answers:

@@ -56,6 +56,31 @@ def test_fresh_heartbeat_is_not_an_orphan() -> None:
     assert _judge(FakeInstance(), _doc(NOW - 10), NOW, 600) is None
 
 
+def _relayed(heartbeat_at: float) -> SessionDocument:
+    """A run whose first allocation ended (history, REPLACED) and whose successor is the head."""
+    doc = tr.document({
+        "run_id": "r-1", "job_name": "dsr-r-1-abcd",
+        "heartbeat": {"host": "h", "pid": 1, "at": heartbeat_at},
+        "allocation": {"kind": "head", "job_id": "12", "token": "t2", "status": "submitted",
+                       "submitted_at": NOW - 3000, "ready_at": NOW - 2000,
+                       "promoted_from": "11"},
+        "history": {"11": {"kind": "head", "job_id": "11", "token": "t1",
+                           "status": "submitted", "final_state": "REPLACED",
+                           "submitted_at": NOW - 9000}},
+    })
+    assert doc is not None
+    return doc
+
+
+def test_a_run_whose_first_allocation_ended_but_whose_successor_runs_is_not_an_orphan() -> None:
+    assert _judge(FakeInstance(), _relayed(NOW - 10), NOW, 600) is None
+
+
+def test_a_relayed_run_with_a_stale_supervisor_is_still_an_orphan() -> None:
+    judged = _judge(FakeInstance(), _relayed(NOW - 2500), NOW, 600)
+    assert judged is not None and "no supervisor heartbeat" in judged[0]
+
+
 def test_recent_run_events_are_not_an_orphan() -> None:
     instance = FakeInstance(last_event_at=time.time() - 5)
     assert _judge(instance, _doc(NOW - 700), NOW, 600) is None

@@ -17,11 +17,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dagster_slurm.state import MemoryStateStore, new_session_document
+from dagster_slurm.state import successor_transitions as st_succ
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, SessionDocument
 
 JOB_IDS = ["11", "12", "13"]
 TOKENS = ["tok-a", "tok-b", "tok-c"]
+SUCCESSOR_JOB_IDS = ["21", "22"]
+SUCCESSOR_NAMES = ("submit_successor", "successor_submitted", "successor_submit_failed",
+                   "retire_successor", "promote_successor")
+
+
+def _function(name: str) -> Any:
+    """A transition function by name (the successor's live in their own module)."""
+    return getattr(tr, name, None) or getattr(st_succ, name, None)
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -31,7 +40,7 @@ def test_every_edge_is_unique_explained_and_has_its_transition_function() -> Non
         assert (edge.source, edge.name) not in seen, edge
         seen.add((edge.source, edge.name))
         assert len(edge.why) > 20, edge
-        function = getattr(tr, edge.name, None)
+        function = _function(edge.name)
         if edge.name in ("head_submit_in_doubt",):
             function = tr.head_submit_failed
         assert callable(function), edge.name
@@ -103,10 +112,24 @@ def _record() -> st.SearchStrategy[dict[str, Any] | None]:
     ).filter(_consistent)
 
 
+def _successor() -> st.SearchStrategy[dict[str, Any] | None]:
+    return st.none() | st.fixed_dictionaries(
+        {
+            "status": st.sampled_from(["submitting", "submitted", "failed"]),
+            "token": st.sampled_from(["tok-s1", "tok-s2"]),
+            "job_id": st.none() | st.sampled_from(SUCCESSOR_JOB_IDS),
+            "kind": st.just("successor"),
+        },
+    )
+
+
 @st.composite
 def documents(draw: st.DrawFn) -> dict[str, Any]:
     doc = new_session_document("dsr-run", run_id="run")
     doc["allocation"] = draw(_record())
+    successor = draw(_successor())
+    if successor is not None:
+        doc["successor"] = successor
     if draw(st.integers(min_value=0, max_value=5)) == 0:
         doc["closed_at"], doc["closed_reason"] = 10.0, "teardown"
     return doc
@@ -116,6 +139,15 @@ def _aimed(inputs: dict[str, Any], basis: SessionDocument | None) -> dict[str, A
     """Most operations aim at the head record as read (as the library's do); the rest keep
     their random token or job id."""
     record = basis.allocation if basis is not None else None
+    if "predecessor" in inputs:
+        # the successor's transitions aim at the successor as read, and at the head
+        successor = basis.successor if basis is not None else None
+        if inputs.pop("aimed", False):
+            for key in ("token", "job_id"):
+                if key in inputs and successor is not None and getattr(successor, key):
+                    inputs[key] = getattr(successor, key)
+            inputs["predecessor"] = record.job_id if record is not None else None
+        return inputs
     if record is None or not inputs.pop("aimed", False):
         inputs.pop("aimed", None)
         return inputs
@@ -149,6 +181,18 @@ def _op() -> st.SearchStrategy[tuple[str, dict[str, Any], int]]:
         op("retire", {"key": st.just("job_id"), "value": job, "final_state": st.just("COMPLETED")}),
         op("retire", {"key": st.just("token"), "value": token, "final_state": st.just("unknown")}),
         op("beat", {"host": st.just("h"), "pid": st.just(1)}),
+        st.tuples(st.just("submit_successor"), st.fixed_dictionaries({}), stale),
+        op("successor_submitted", {"token": st.sampled_from(["tok-s1", "tok-s2"]),
+                                   "job_id": st.sampled_from(SUCCESSOR_JOB_IDS),
+                                   "predecessor": st.none()}),
+        op("successor_submit_failed", {"token": st.sampled_from(["tok-s1", "tok-s2"]),
+                                       "error": st.just("sbatch: error"),
+                                       "predecessor": st.none()}),
+        op("retire_successor", {"token": st.sampled_from(["tok-s1", "tok-s2"]),
+                                "final_state": st.just("CANCELLED"), "predecessor": st.none()}),
+        op("promote_successor", {"job_id": st.sampled_from(SUCCESSOR_JOB_IDS),
+                                 "predecessor": st.none() | st.sampled_from(JOB_IDS),
+                                 "nodes": st.just(["c2"]), "ray_address": st.just("h:2")}),
         op("close_session", {"reason": st.just("teardown")}).filter(lambda o: o[2] == 0),
     )
 
@@ -170,7 +214,7 @@ def test_random_sequences_keep_every_guarantee(initial: dict[str, Any],
     store.transact([{"op": "replace", "path": "", "value": initial}])
     fresh = (f"tok-new-{i}" for i in itertools.count())
     history_of_reads = [store.snapshot().doc]
-    seen = {_identity(initial.get("allocation"))} - {None}
+    seen = {_identity(initial.get("allocation")), _identity(initial.get("successor"))} - {None}
     for name, inputs, stale in ops:
         before = store.snapshot().doc
         assert before is not None
@@ -178,9 +222,15 @@ def test_random_sequences_keep_every_guarantee(initial: dict[str, Any],
         basis = tr.document(read)
         if name == "submit_head":
             inputs = {"token": next(fresh), "config": {"num_nodes": 1}}
+        elif name == "submit_successor":
+            head = basis.allocation if basis is not None else None
+            inputs = {"token": next(fresh), "config": {"num_nodes": 1},
+                      "predecessor": str(head.job_id) if head is not None else "11"}
         else:
             inputs = _aimed(dict(inputs), basis)
-        decided = getattr(tr, name)(basis, **inputs)
+        if name in SUCCESSOR_NAMES[1:4]:
+            inputs.pop("predecessor", None)
+        decided = _function(name)(basis, **inputs)
         if isinstance(decided, tr.Refused):
             assert decided.transition in (name, "head_submit_in_doubt") and decided.reason
             assert decided.transition in str(decided)
@@ -206,13 +256,25 @@ def test_random_sequences_keep_every_guarantee(initial: dict[str, Any],
                 assert not (pre is tr.HeadState.ABSENT and post is tr.HeadState.SUBMITTING)
         if post is tr.HeadState.UNRECOGNIZED:  # only ever one the initial document had
             assert pre is tr.HeadState.UNRECOGNIZED
-        live = _identity(after.get("allocation"))
-        seen |= {live} - {None}
-        retired = [_identity(entry) for entry in (after.get("history") or {}).values()]
-        assert seen <= set(retired) | {live}, "a head record was lost"
-        assert live is None or live not in retired, "one record both live and retired"
-        assert len(retired) == len(set(retired)), "a record retired twice"
+        _check_records(before, after, seen, result.ok and decided.transition)
         history_of_reads.append(after)
+
+
+def _check_records(before: dict[str, Any], after: dict[str, Any], seen: set[str],
+                   applied: str | bool) -> None:
+    """No head or successor record lost or both live and retired; a promotion moved the
+    successor to the head and the predecessor to the history as REPLACED."""
+    live = {_identity(after.get("allocation")), _identity(after.get("successor"))} - {None}
+    seen |= live
+    retired = [_identity(entry) for entry in (after.get("history") or {}).values()]
+    assert seen <= set(retired) | live, "a head or successor record was lost"
+    assert not live & set(retired), "one record both live and retired"
+    assert len(retired) == len(set(retired)), "a record retired twice"
+    if applied == "promote_successor":
+        assert after["allocation"]["token"] == before["successor"]["token"]
+        assert after.get("successor") is None
+        if before.get("allocation") is not None:
+            assert after["history"][_name(before["allocation"])]["final_state"] == "REPLACED"
 
 
 def test_the_design_document_lists_every_edge() -> None:

@@ -1,0 +1,417 @@
+"""Successor allocations: queue the run's next allocation, then promote it to the head.
+
+:meth:`RunSession.submit_successor` and :meth:`RunSession.promote_successor` call
+:func:`submit_successor` and :func:`promote_successor` here.
+
+* **Submission** returns once sbatch answered. The successor carries the session's job name
+  (teardown's ``scancel --name`` ends it, pending or running) and its batch script is a
+  standby (``templates/successor_standby.sh``): once running it starts nothing until it is
+  promoted. Fields the caller did not set inherit the current allocation's configuration,
+  except ``extra_sbatch_directives`` (one submission's; empty unless given). Only one
+  successor is outstanding: its record is ``/successor`` of the session document, so a
+  process started later (another step, a restarted supervisor) finds it, also after its
+  predecessor ended.
+* **Promotion** requires a RUNNING successor and no unfinished step of the predecessor
+  (requested but not yet started by srun included). It writes the allocation's start
+  script, rendered now by the recorded launcher (or ``launcher``) with the recorded
+  environment (or ``activation_script``), and waits until the successor's step server
+  accepts steps (Ray started), without holding the session's lock. Then, under the lock, it
+  checks again: both allocations are still the ones it began with, the successor still runs
+  and the predecessor has no unfinished step (one admitted while Ray started fails the
+  promotion until it finishes; calling again is cheap, the successor is already started).
+  It then publishes the successor as the head (the predecessor goes to the history as
+  ``REPLACED``: a step prepared against it is refused with
+  :class:`~dagster_slurm.session.errors.SlurmAllocationEnded`), updates the run tag
+  ``dagster-slurm/allocation`` and cancels the predecessor. Calling it again after a
+  completed promotion publishes the tag and cancels the predecessor again, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
+from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
+from dagster_slurm.jobs.cancel import cancel_by_token
+from dagster_slurm.jobs.errors import SlurmSubmissionError
+from dagster_slurm.jobs.logs import ProgressLog
+from dagster_slurm.jobs.signals import drain_signal_of
+from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
+from dagster_slurm.launchers.script import render_template
+from dagster_slurm.scheduler.client import StatusSnapshot, new_token
+from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.errors import SessionError
+from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import successor_transitions as st
+from dagster_slurm.state import transitions as tr
+from dagster_slurm.state.schema import Allocation, SessionDocument
+
+if TYPE_CHECKING:
+    from dagster_slurm.session.allocation import SlurmAllocation
+    from dagster_slurm.session.session import RunSession
+
+log = logging.getLogger("dagster_slurm.session")
+
+STANDBY_TEMPLATE = "successor_standby.sh"
+#: Run tag holding the job id of the run's current allocation.
+ALLOCATION_TAG = "dagster-slurm/allocation"
+
+
+class SuccessorAllocation:
+    """A queued successor: ``job_id`` (also ``slurm_job_id``), its submission ``token``,
+    the full ``config`` it was submitted with (inherited fields filled in) and the head it
+    was queued behind (``predecessor``, a job id)."""
+
+    def __init__(self, session: RunSession, job_id: str, token: str,
+                 config: SlurmRunAllocationConfig, predecessor: str) -> None:
+        self._session = session
+        self.job_id = job_id
+        self.token = token
+        self.config = config
+        self.predecessor = predecessor
+
+    @property
+    def slurm_job_id(self) -> str:
+        """The Slurm job id (the same value as :attr:`job_id`)."""
+        return self.job_id
+
+    def state(self) -> JobState | None:
+        """The successor's scheduler state now (None when the scheduler does not say)."""
+        return self._session.io.queue([self._session.job_name]).job(self.job_id).state
+
+    def __repr__(self) -> str:
+        return f"SuccessorAllocation(job_id={self.job_id!r}, predecessor={self.predecessor!r})"
+
+
+def inherit_config(current: Mapping[str, Any], given: SlurmRunAllocationConfig) -> SlurmRunAllocationConfig:
+    """``given`` completed by ``current`` (the current allocation's configuration snapshot):
+    every field the caller did not set takes the current value, except
+    ``extra_sbatch_directives``, which is ``given``'s (empty unless set). Raises
+    :class:`ConfigurationError` naming the field when the combination is invalid."""
+    known = SlurmRunAllocationConfig.model_fields
+    values = {key: value for key, value in current.items() if key in known}
+    for name in given.model_fields_set:
+        values[name] = getattr(given, name)
+    values["extra_sbatch_directives"] = list(given.extra_sbatch_directives)
+    try:
+        return SlurmRunAllocationConfig(**values)
+    except ValidationError as exc:  # a combination of given and inherited values
+        for detail in exc.errors():
+            cause = (detail.get("ctx") or {}).get("error")
+            if isinstance(cause, ConfigurationError):
+                raise ConfigurationError(
+                    cause.field, cause.value,
+                    f"{cause.problem} (fields of the successor's configuration left unset "
+                    "take the current allocation's values; set them explicitly)") from None
+        raise ConfigurationError(
+            "config", given.snapshot(),
+            f"does not combine with the inherited fields "
+            f"{sorted(set(values) - given.model_fields_set)}: {exc}; set them explicitly",
+        ) from None
+
+
+# -- submission --------------------------------------------------------------------------------
+def submit_successor(session: RunSession, config: SlurmRunAllocationConfig,
+                     logger: Any = None) -> SuccessorAllocation:
+    """Queue the session's successor; see the module docstring."""
+    out = ProgressLog(logger)
+    doc = _open_document(session)
+    if doc.successor is not None and not _settle_outstanding(session, doc.successor):
+        raise SessionError(st.outstanding_message(doc.successor))
+    doc = _open_document(session)
+    head = doc.allocation
+    if head is None or not head.job_id or tr.head_state(doc) not in (
+            tr.HeadState.SUBMITTED, tr.HeadState.READY, tr.HeadState.DRAINING):
+        raise SessionError(
+            f"the run session {session.job_name} has no current allocation to queue a "
+            "successor behind (it has not been submitted yet, or it ended); use the session "
+            "(session.allocation) to get one")
+    merged = inherit_config(head.config or session.config.snapshot(), config)
+    predecessor = str(head.job_id)
+    token = new_token()
+    decided = st.submit_successor(doc, token=token, config=merged.snapshot(),
+                                  predecessor=predecessor, job_name=session.job_name)
+    if isinstance(decided, tr.Refused):
+        raise SessionError(decided.reason)
+    spec, files = _submission(session, merged, token)
+    try:
+        job = session.io.submit(
+            spec, files=files, token=token, create=session.initial_document(),
+            record_value=st.successor_submission_record(merged.snapshot(), predecessor),
+            record=st.SUCCESSOR, guards=st.successor_guards(predecessor))
+    except SubmissionInDoubt:
+        raise SessionError(_outstanding_now(session)) from None
+    except SubmitGuardFailed:
+        raise SessionError(
+            f"nothing was submitted: while the successor was being submitted the session "
+            f"{session.job_name} was closed or its allocation {predecessor} was replaced"
+        ) from None
+    except SchedulerError as exc:
+        raise SlurmSubmissionError(f"the successor allocation could not be submitted: {exc}") from None
+    except BaseException:
+        scheduler = session.io.scheduler
+        if scheduler is not None:
+            cancel_by_token(scheduler, session.job_name, token, out)
+        raise
+    if job.recovered:
+        raise SessionError(_outstanding_now(session))
+    out.info(f"Submitted successor allocation {job.job_id} of run allocation {predecessor} "
+             f"({session.job_name}, time limit {spec.time_limit}); it waits for "
+             "promote_successor() once it runs")
+    return SuccessorAllocation(session, job.job_id, token, merged, predecessor)
+
+
+def _submission(session: RunSession, config: SlurmRunAllocationConfig,
+                token: str) -> tuple[Any, dict[str, tuple[str | bytes, int]]]:
+    """The successor's sbatch request and files (standby script, step server)."""
+    from dagster_slurm.session.session import render_server
+
+    paths = session.paths
+    submit_dir = paths.submit_dir(token)
+    script = f"{submit_dir}/allocation.sh"
+    queue = config.queue_for(session.slurm.queue)
+    spec = queue.to_sbatch_spec(session.job_name, script, output=paths.output,
+                                error=paths.output, chdir=paths.session_dir)
+    drain = drain_signal_of(queue.signal_before_timeout) or "TERM"
+    timeout = config.heartbeat_timeout
+    standby = render_template(STANDBY_TEMPLATE, {
+        "start_file": f"{submit_dir}/start",
+        "heartbeat_file": paths.heartbeat,
+        "heartbeat_timeout": "" if timeout is None else str(int(timeout)),
+    })
+    files: dict[str, tuple[str | bytes, int]] = {
+        script: (standby, 0o600),
+        f"{submit_dir}/step_server.sh": (render_server(paths, token, drain, timeout), 0o600),
+    }
+    return spec, files
+
+
+def _open_document(session: RunSession) -> SessionDocument:
+    doc = session.io.read().doc
+    if doc is None:
+        raise SessionError(f"the run session {session.job_name} has no allocation yet; use "
+                           "the session (session.allocation) first")
+    if doc.closed:
+        raise SessionError(tr.closed_message(doc, session.job_name))
+    return doc
+
+
+def _outstanding_now(session: RunSession) -> str:
+    doc = session.io.read().doc
+    if doc is not None and doc.successor is not None:
+        return st.outstanding_message(doc.successor)
+    return "another process submitted a successor at the same time; read the session again"
+
+
+def _settle_outstanding(session: RunSession, record: Allocation) -> bool:
+    """True when the outstanding successor ``record`` is over (it ended, or its submission
+    failed) and was moved to the history; False while it may still run."""
+    state: str | None = None
+    if record.status == "failed":
+        state = "failed"
+    elif record.status == "submitted" and record.job_id:
+        state = session.io.queue([session.job_name]).ended_state(str(record.job_id))
+    if state is None or record.token is None:
+        return False
+    decided = st.retire_successor(session.io.read().doc, token=record.token, final_state=state)
+    return isinstance(decided, tr.Change) and session.io.apply(decided).ok
+
+
+# -- promotion ---------------------------------------------------------------------------------
+def promote_successor(session: RunSession, launcher: ComputeLauncher | None = None,
+                      activation_script: str | None = None, logger: Any = None) -> SlurmAllocation:
+    """Make the running successor the session's allocation; see the module docstring."""
+    out = ProgressLog(logger)
+    doc = _open_document(session)
+    record = doc.successor
+    if record is None:
+        return _repair(session, doc, out)
+    if record.status != "submitted" or not record.job_id:
+        raise SessionError(
+            f"the successor's submission is {record.status}"
+            + (f": {record.error.strip()}" if record.error else "")
+            + "; it cannot be promoted")
+    job_id, predecessor = str(record.job_id), _predecessor(doc)
+    _check(session, job_id, predecessor)
+    values = _start(session, record, launcher, activation_script, out)
+    with session._lock:
+        doc = _open_document(session)
+        head = doc.allocation
+        if doc.successor is None and head is not None and head.job_id == job_id:
+            return _repair(session, doc, out)  # another process promoted it meanwhile
+        if doc.successor is None or doc.successor.job_id != job_id or _predecessor(doc) != predecessor:
+            raise SessionError("the session's allocations changed while the successor started; "
+                               "call promote_successor() again")
+        _check(session, job_id, predecessor, during_startup=True)
+        nodes = tuple(session.io.read_lines(session.paths.nodes(job_id)))
+        ray_address = values.get("ray_address") or None
+        decided = st.promote_successor(doc, job_id=job_id, predecessor=predecessor,
+                                       nodes=nodes, ray_address=ray_address)
+        if isinstance(decided, tr.Refused):
+            raise SessionError(decided.reason)
+        if not session.io.apply(decided).ok:
+            raise SessionError("the session document changed while the successor was "
+                               "promoted; call promote_successor() again")
+        allocation = session._make_allocation(job_id, nodes, values, record.config)
+        session._allocation = allocation
+    out.info(f"Promoted successor allocation {job_id}"
+             + (f" (replacing {predecessor})" if predecessor else "")
+             + f" (nodes {','.join(nodes) or '?'}"
+             + (f", Ray at {ray_address}" if ray_address else "") + ")")
+    _finish(session, job_id, predecessor, out)
+    return allocation
+
+
+def _predecessor(doc: SessionDocument) -> str | None:
+    """The head's job id (None: there is no head record). Raises for a head that is not a
+    submitted job (a submission in flight or failed: nothing to promote over)."""
+    head = doc.allocation
+    if head is None:
+        return None
+    if tr.head_state(doc) in (tr.HeadState.SUBMITTED, tr.HeadState.READY, tr.HeadState.DRAINING):
+        return str(head.job_id)
+    raise SessionError(f"the session's head allocation is {tr.head_state(doc).value} "
+                       f"(token {head.token}); promote once it is settled")
+
+
+def _check(session: RunSession, job_id: str, predecessor: str | None,
+           *, during_startup: bool = False) -> None:
+    """Raise unless the successor runs and the predecessor has no unfinished step."""
+    snapshot = session.io.queue([session.job_name])
+    if not snapshot.certain:
+        raise SessionError(f"the scheduler did not answer ({snapshot.error}); the successor "
+                           f"{job_id} was not promoted")
+    observed = snapshot.job(job_id)
+    ended = snapshot.ended_state(job_id)
+    if ended is not None:
+        raise SessionError(f"the successor allocation {job_id} ended ({ended}) before its "
+                           "promotion; submit another with submit_successor()")
+    if observed.state is not JobState.RUNNING:
+        state = observed.state.value if observed.state is not None else "not listed by squeue"
+        reason = f", reason {observed.reason}" if observed.reason else ""
+        raise SessionError(f"the successor allocation {job_id} is {state}{reason}: "
+                           "promote_successor() requires a RUNNING successor; call it again "
+                           "once the scheduler started it")
+    if predecessor is not None:
+        _check_idle(session, snapshot, predecessor, during_startup)
+
+
+def _check_idle(session: RunSession, snapshot: StatusSnapshot, predecessor: str,
+                during_startup: bool) -> None:
+    observed = snapshot.job(predecessor)
+    if snapshot.ended_state(predecessor) is not None or (
+            observed.state is not None and not observed.state.active):
+        return  # the predecessor has ended: none of its steps runs any more
+    steps = session.io.active_steps(predecessor)
+    if steps:
+        when = " (admitted while the successor started)" if during_startup else ""
+        raise SessionError(
+            f"the predecessor allocation {predecessor} still has {len(steps)} active payload "
+            f"step(s){when}: {'; '.join(steps)}. promote_successor() requires that none runs "
+            "or waits for srun: wait until they returned (request_drain() makes them finish "
+            "at their next safe boundary), then call it again")
+
+
+def _start(session: RunSession, record: Allocation, launcher: ComputeLauncher | None,
+           activation_script: str | None, out: ProgressLog) -> dict[str, Any]:
+    """Start the successor's allocation script (once) and wait until its step server
+    accepts steps; the values of its ready file. Holds no lock of the session."""
+    from dagster_slurm.session.allocation import parse_ready
+    from dagster_slurm.session.watch import _ENDED, _ReadyWatch
+
+    job_id, token = str(record.job_id), str(record.token)
+    polled = session.io.poll_ready(session.job_name, job_id, with_status=False)
+    if polled.ready is None:
+        submit_dir = session.paths.submit_dir(token)
+        config = record.config or session.config.snapshot()
+        queue = SlurmRunAllocationConfig(**{k: v for k, v in config.items()
+                                            if k in SlurmRunAllocationConfig.model_fields}
+                                         ).queue_for(session.slurm.queue)
+        chosen = launcher or session.launcher
+        activation = activation_script if activation_script is not None else session.activation()
+        plan = ExecutionPlan(
+            payload=("bash", f"{submit_dir}/step_server.sh"), job_dir=submit_dir,
+            status_file=f"{submit_dir}/exit_status", drain_file=f"{submit_dir}/drain_signal",
+            mode="slurm", activation=activation, num_nodes=queue.num_nodes or 1,
+            drain_signal=drain_signal_of(queue.signal_before_timeout) or "TERM",
+        )
+        script = f"{submit_dir}/promoted-{uuid.uuid4().hex[:8]}.sh"
+        session.io.write_files({script: (chosen.render(plan), 0o600),
+                                f"{submit_dir}/start": (script + "\n", 0o600)})
+        out.info(f"Starting successor allocation {job_id}"
+                 + (" (starting Ray)" if _is_ray(chosen) else ""))
+    else:
+        return parse_ready(polled.ready)
+    watch = _ReadyWatch(session, job_id, out)
+    while True:
+        values = watch.poll()
+        if values is _ENDED:
+            raise SessionError(f"the successor allocation {job_id} ended while it started")
+        if values is not None:
+            return values
+        session._pause(watch.delay, f"successor allocation {job_id}")
+
+
+def _is_ray(launcher: ComputeLauncher) -> bool:
+    from dagster_slurm.launchers.ray import RayLauncher
+
+    return isinstance(launcher, RayLauncher)
+
+
+def _repair(session: RunSession, doc: SessionDocument, out: ProgressLog) -> SlurmAllocation:
+    """promote_successor() without an outstanding successor: after a completed promotion,
+    publish the tag and release the predecessor again; otherwise there is nothing to do."""
+    head = doc.allocation
+    if head is None or not head.job_id or "promoted_from" not in head.model_fields_set:
+        raise SessionError(f"the run session {session.job_name} has no successor to promote; "
+                           "submit one with submit_successor() first")
+    _finish(session, str(head.job_id), head.promoted_from, out)
+    return session.ensure(out.logger)
+
+
+def _finish(session: RunSession, job_id: str, predecessor: str | None, out: ProgressLog) -> None:
+    """Publish the run tag of ``job_id`` and cancel the ``predecessor`` unless a step still
+    runs in it (one admitted in the moment between the last check and the publication;
+    best effort: both are repeated by calling promote_successor() again)."""
+    publish = session.publish_allocation
+    if publish is not None:
+        publish(job_id)
+    if predecessor is None:
+        return
+    try:
+        snapshot = session.io.queue([session.job_name])
+        observed = snapshot.job(predecessor)
+        if observed.state is None or not observed.state.active:
+            return
+        late = session.io.active_steps(predecessor)
+        if late:  # admitted between the last check and the publication: never cut off
+            out.warning(f"The predecessor allocation {predecessor} is kept for now: "
+                        f"{'; '.join(late)} started in it just before the promotion; "
+                        "promote_successor() releases it once they finished (teardown "
+                        "cancels it in any case)")
+            return
+        session.io.cancel([predecessor])
+        out.info(f"Released the predecessor allocation {predecessor}")
+    except DagsterSlurmError as exc:
+        out.error(f"could not release the predecessor allocation {predecessor}: {exc}; call "
+                  f"promote_successor() again or run `scancel {predecessor}`")
+
+
+def publish_run_tag(context: Any, job_id: str) -> None:
+    """Set the run tag ``dagster-slurm/allocation`` of the context's run to ``job_id``
+    (best effort: logged, never raised; tags are for operators and sensors)."""
+    try:
+        from dagster_slurm.session.lifecycle import run_id_of
+
+        instance, run_id = context.instance, run_id_of(context)
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.tags.get(ALLOCATION_TAG) != job_id:
+            instance.add_run_tags(run_id, {ALLOCATION_TAG: job_id})
+    except Exception as exc:  # noqa: BLE001 - informational only: logged, not raised
+        log.warning("run tag %s=%s not written (%s: %s)", ALLOCATION_TAG, job_id,
+                    type(exc).__name__, exc)

@@ -1,0 +1,117 @@
+"""Waits of a run session: an allocation until it accepts steps, and the heartbeat thread.
+
+:class:`_ReadyWatch` polls one allocation (its step server's ready file, and squeue when
+due, in one round trip) for :class:`~dagster_slurm.session.session.RunSession`, which also
+uses it for a successor being promoted; :class:`_Heartbeat` calls the session's ``beat``
+every ``heartbeat_interval`` seconds until stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from dagster_slurm.jobs.logs import ProgressLog as _Log
+from dagster_slurm.jobs.pending import PendingTracker
+from dagster_slurm.scheduler.pacing import PollBackoff
+from dagster_slurm.session.allocation import parse_ready
+from dagster_slurm.session.errors import SessionError
+
+if TYPE_CHECKING:
+    from dagster_slurm.session.session import RunSession
+
+log = logging.getLogger("dagster_slurm.session")
+
+_ENDED: Any = object()
+
+
+class _ReadyWatch:
+    """One allocation being waited for: each :meth:`poll` is one round trip (the step
+    server's ready file, with squeue when due)."""
+
+    CHECK_INTERVAL = 2.0
+
+    def __init__(self, session: RunSession, job_id: str, out: _Log) -> None:
+        self.session = session
+        self.job_id = job_id
+        self.out = out
+        self.tracker = PendingTracker(job_id, session.pending, out.info)
+        self.running_since: float | None = None
+        self.next_check = 0.0
+        self.backoff = PollBackoff(initial=0.25, maximum=5.0, factor=1.5)
+        self.delay = self.backoff.current
+
+    def poll(self) -> dict[str, Any] | None:
+        """The ready file's values once it exists; ``_ENDED`` when the allocation ended
+        after accepting steps (retired); None while waiting. Raises when it failed.
+
+        While the allocation is pending every poll asks squeue (for its reason); once it
+        runs, the ready file is read every poll and squeue every ``CHECK_INTERVAL`` seconds,
+        and always before a ready file is trusted (it may be an ended allocation's)."""
+        session, job_id = self.session, self.job_id
+        check = self.running_since is None or session.clock() >= self.next_check
+        polled = session.io.poll_ready(session.job_name, job_id, with_status=check)
+        if polled.status is None:
+            if polled.ready is not None:
+                self.next_check, self.delay = 0.0, 0.0
+            return None
+        self.next_check = session.clock() + self.CHECK_INTERVAL
+        snapshot = polled.status
+        observed = snapshot.job(job_id)
+        state = snapshot.ended_state(job_id)
+        ended = state is not None
+        if polled.ready is not None:
+            if ended:
+                session._retire(job_id, "job_id", state)
+                self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
+                return _ENDED
+            return parse_ready(polled.ready)
+        if ended:
+            tail = session._log_tail(job_id)
+            session._retire(job_id, "job_id", state)
+            raise SessionError(
+                f"run allocation {job_id} ended ({state}) before it accepted steps; its "
+                f"log {session.paths.output_of(job_id)} ends with:\n{tail}"
+            )
+        self.tracker(observed)
+        if observed.state is not None and observed.state.active and not observed.state.pending:
+            self._running()
+        else:
+            self.delay = self.backoff.observe(False)
+        return None
+
+    def _running(self) -> None:
+        session = self.session
+        if self.running_since is None:
+            self.running_since = session.clock()
+            self.out.info(f"Run allocation {self.job_id} is running; waiting for it to accept "
+                          f"steps{' (starting Ray)' if session.has_ray else ''}")
+        if session.clock() - self.running_since > session.config.startup_timeout:
+            raise SessionError(
+                f"run allocation {self.job_id} did not accept steps within "
+                f"{session.config.startup_timeout:g} s of starting (startup_timeout); its log "
+                f"ends with:\n{session._log_tail(self.job_id)}"
+            )
+        self.delay = self.backoff.observe(True)
+
+
+class _Heartbeat(threading.Thread):
+    """Calls ``session.beat()`` every ``interval`` seconds until stopped (a daemon thread)."""
+
+    def __init__(self, session: RunSession, interval: float) -> None:
+        super().__init__(name=f"dagster-slurm-heartbeat-{session.job_name}", daemon=True)
+        self.session = session
+        self.interval = interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.session.beat()
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+                log.warning("heartbeat of %s failed: %s", self.session.job_name, exc)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)

@@ -1,0 +1,246 @@
+"""Successor allocations against an in-memory cluster and a fake clock (no real sleeps).
+
+Submission (inheritance, one outstanding successor, the session's job name), promotion
+(RUNNING successor only, no active predecessor payload, re-checked after the start, the
+predecessor replaced and released, repeated promotion harmless) and a fresh process that
+finds the successor in the session document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from session_fakes import FakeCluster
+
+from dagster_slurm.launchers.bash import BashLauncher
+from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.resources.ssh import SSHConnectionResource
+from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.successor import inherit_config
+from dagster_slurm.slurm.queue import SlurmQueueConfig
+from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import transitions as tr
+
+RUN_ID = "7d1f0c2e-1111-4a6e-8f0e-1b2c3d4e5f61"
+CONFIG: dict[str, Any] = {"time_limit": "01:00:00", "signal_before_timeout": "USR1@60",
+                          "extra_sbatch_directives": ["--begin=now"]}
+
+
+def _slurm() -> SlurmResource:
+    return SlurmResource(
+        ssh=SSHConnectionResource(host="login.invalid", user="u"),
+        remote_base="/cluster/ds",
+        queue=SlurmQueueConfig(partition="cpu", num_nodes=1, mem="8G"),
+    )
+
+
+def _session(cluster: FakeCluster | None = None) -> tuple[RunSession, FakeCluster]:
+    slurm = _slurm()
+    config = SlurmRunAllocationConfig(**CONFIG)
+    probe = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None)
+    cluster = cluster or FakeCluster(probe.initial_document())
+    session = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None,
+                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
+    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+    published: list[str] = []
+    session.publish_allocation = published.append
+    session.published = published  # type: ignore[attr-defined]
+    return session, cluster
+
+
+def _running_head() -> tuple[RunSession, FakeCluster, str]:
+    session, cluster = _session()
+    cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
+                                                     lambda: cluster.start(job.job_id))
+    head = session.ensure().job_id
+    cluster.on_submit = None
+    return session, cluster, head
+
+
+def _start_on_promotion(cluster: FakeCluster, job_id: str) -> None:
+    """The successor's step server reports ready once the start script is written."""
+    cluster.on_write = lambda files: cluster.clock.at(cluster.clock.t + 2,
+                                                      lambda: cluster.start(job_id, nodes=("c2",)))
+
+
+def test_submit_returns_at_submission_and_inherits_all_but_extra_directives() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor(SlurmRunAllocationConfig(time_limit="00:30:00"))
+    assert cluster.jobs[successor.job_id].state is JobState.PENDING  # did not wait for it
+    assert successor.predecessor == head and successor.config.signal_before_timeout == "USR1@60"
+    spec = cluster.specs[-1]
+    assert spec.time_limit == "00:30:00" and spec.partition == "cpu"
+    assert spec.job_name == session.job_name  # teardown's scancel --name reaches it
+    assert spec.extra_directives in ((), [], None)  # never inherited
+    record = cluster.doc()["successor"]
+    assert (record["job_id"], record["predecessor"], record["status"]) == (
+        successor.job_id, head, "submitted")
+    assert "successor allocation" in cluster.files[
+        f"{session.paths.submit_dir(successor.token)}/allocation.sh"]
+
+
+def test_extra_directives_apply_to_the_one_submission_that_names_them() -> None:
+    merged = inherit_config(SlurmRunAllocationConfig(**CONFIG).snapshot(),
+                            SlurmRunAllocationConfig(extra_sbatch_directives=["--dependency=afterany:12"]))
+    assert merged.extra_sbatch_directives == ["--dependency=afterany:12"]
+    assert merged.time_limit == "01:00:00"
+    again = inherit_config(merged.snapshot(), SlurmRunAllocationConfig())
+    assert again.extra_sbatch_directives == []
+
+
+def test_a_bad_combination_with_inherited_fields_names_the_field() -> None:
+    from dagster_slurm.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="signal_before_timeout.*inherited|signal_before_timeout.*current allocation"):
+        inherit_config(SlurmRunAllocationConfig(**CONFIG).snapshot(),
+                       SlurmRunAllocationConfig(time_limit="00:00:30"))
+
+
+def test_a_second_successor_is_refused_naming_the_outstanding_one() -> None:
+    session, cluster, _ = _running_head()
+    first = session.submit_successor()
+    with pytest.raises(SessionError, match=f"outstanding successor \\(job {first.job_id}"):
+        session.submit_successor()
+    assert len(cluster.specs) == 2  # the head and one successor
+
+
+def test_a_successor_that_ended_before_promotion_makes_room_for_another() -> None:
+    session, cluster, _ = _running_head()
+    first = session.submit_successor()
+    cluster.end(first.job_id, JobState.CANCELLED)
+    second = session.submit_successor()
+    doc = cluster.doc()
+    assert doc["successor"]["job_id"] == second.job_id
+    assert doc["history"][first.job_id]["final_state"] == "CANCELLED"
+
+
+def test_promotion_requires_a_running_successor() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    with pytest.raises(SessionError, match="is PENDING.*requires a RUNNING successor"):
+        session.promote_successor()
+    assert cluster.doc()["allocation"]["job_id"] == head
+    assert cluster.calls.get("write_files", 0) == 0  # nothing started
+    assert cluster.doc()["successor"]["job_id"] == successor.job_id
+
+
+def test_promotion_refused_while_a_predecessor_payload_is_active() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.run_without_ready(successor.job_id)
+    cluster.steps[head] = ["waiting 1a2b", "running asset_a"]
+    with pytest.raises(SessionError, match="2 active payload step.*waiting 1a2b; running asset_a"):
+        session.promote_successor()
+    assert cluster.doc()["allocation"]["job_id"] == head
+
+
+def test_promotion_publishes_the_successor_and_releases_the_predecessor() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.run_without_ready(successor.job_id)
+    _start_on_promotion(cluster, successor.job_id)
+    allocation = session.promote_successor()
+    assert allocation.job_id == successor.job_id and allocation.nodes == ("c2",)
+    assert allocation.drain_signal == "USR1"
+    assert session.allocation is allocation
+    doc = cluster.doc()
+    assert doc["allocation"]["job_id"] == successor.job_id
+    assert doc["allocation"]["promoted_from"] == head and "successor" not in doc
+    assert doc["history"][head]["final_state"] == "REPLACED"
+    assert head in cluster.cancelled and successor.job_id not in cluster.cancelled
+    assert session.published == [successor.job_id]  # type: ignore[attr-defined]
+    # a plan prepared against the predecessor is refused by the launch guard
+    stale = tr.launch_step(None, job_id=head)
+    assert isinstance(stale, tr.Change) and not cluster.store.transact(stale.patch).ok
+
+
+def test_a_payload_admitted_during_startup_fails_promotion_until_it_finishes() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.run_without_ready(successor.job_id)
+
+    def started(files: Any) -> None:
+        cluster.steps[head] = ["running late_asset"]
+        cluster.clock.at(cluster.clock.t + 1, lambda: cluster.start(successor.job_id))
+
+    cluster.on_write = started
+    with pytest.raises(SessionError, match="admitted while the successor started"):
+        session.promote_successor()
+    assert cluster.doc()["allocation"]["job_id"] == head and head not in cluster.cancelled
+    cluster.steps[head] = []
+    assert session.promote_successor().job_id == successor.job_id
+    assert cluster.calls["write_files"] == 1  # started once
+
+
+def test_repeated_promotion_only_repairs_tags_and_cleanup() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.run_without_ready(successor.job_id)
+    _start_on_promotion(cluster, successor.job_id)
+    session.promote_successor()
+    version = cluster.doc()["version"]
+    cluster.jobs[head].state = JobState.RUNNING  # the release did not take
+    again = session.promote_successor()
+    assert again.job_id == successor.job_id
+    assert cluster.doc()["version"] == version  # the document is not changed again
+    assert session.published == [successor.job_id, successor.job_id]  # type: ignore[attr-defined]
+    assert cluster.cancelled.count(head) == 2
+
+
+def test_a_step_that_slipped_in_before_publication_keeps_the_predecessor_alive() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.run_without_ready(successor.job_id)
+    _start_on_promotion(cluster, successor.job_id)
+    checks = {"n": 0}
+    real = cluster.active_steps
+
+    def slipped(job_id: str) -> list[str]:
+        checks["n"] += 1
+        return ["running late"] if checks["n"] >= 3 else real(job_id)  # after the re-check
+
+    cluster.active_steps = slipped  # type: ignore[method-assign]
+    assert session.promote_successor().job_id == successor.job_id
+    assert head not in cluster.cancelled
+    cluster.active_steps = real  # type: ignore[method-assign]
+    session.promote_successor()  # the repair releases it once the step finished
+    assert head in cluster.cancelled
+
+
+def test_a_fresh_process_finds_the_successor_after_its_predecessor_ended() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.end(head, JobState.TIMEOUT)
+    session.forget(session.allocation, "TIMEOUT")  # the predecessor is retired
+    assert "allocation" not in cluster.doc() or cluster.doc()["allocation"] is None
+    fresh, _ = _session(cluster)
+    cluster.run_without_ready(successor.job_id)
+    _start_on_promotion(cluster, successor.job_id)
+    allocation = fresh.promote_successor()
+    assert allocation.job_id == successor.job_id
+    doc = cluster.doc()
+    assert doc["allocation"]["promoted_from"] is None
+    assert doc["history"][head]["final_state"] == "TIMEOUT"
+
+
+def test_the_heartbeat_runs_while_the_caller_waits_for_a_queued_successor() -> None:
+    session, cluster, _ = _running_head()
+    session.close(cancel=False)  # this process stopped using the session ...
+    fresh, _ = _session(cluster)
+    started: list[bool] = []
+    fresh._start_heartbeat = lambda: started.append(True)  # type: ignore[method-assign]
+    fresh.submit_successor()  # ... another one queues the successor and waits for it
+    assert started == [True]
+
+
+def test_teardown_cancels_a_pending_successor() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    session.close(cancel=True, reason="the run is SUCCESS")
+    assert {head, successor.job_id} <= set(cluster.cancelled)
+    fresh, _ = _session(cluster)
+    with pytest.raises(SessionError, match="closed"):
+        fresh.promote_successor()
