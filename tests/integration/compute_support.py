@@ -4,6 +4,7 @@
 import os
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -79,6 +80,24 @@ def logged(instance: dg.DagsterInstance, text: str) -> bool:
     """Whether any run of ``instance`` has logged a message containing ``text`` so far."""
     return any(text in (entry.user_message or "")
                for run in instance.get_runs() for entry in instance.all_logs(run.run_id))
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):  # noqa: ANN001, ANN201
+    """``predicate()``'s first truthy value, polled every ``interval`` seconds; an
+    AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def squeue_state(env: dict[str, str], job_id: str) -> str:
+    """The job's state as squeue prints it (``RUNNING``), empty when it is not listed."""
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                          text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.strip()
 
 
 def squeue_names(env: dict[str, str], prefix: str = "dsl-") -> list[str]:

@@ -10,11 +10,10 @@ import shlex
 import shutil
 import subprocess
 import threading
-import time
 import uuid
 
 import pytest
-from compute_support import slurm_resource
+from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import SlurmAllocationEnded, SlurmRunAllocationConfig
 from dagster_slurm.agent import write_file_op
@@ -30,19 +29,6 @@ def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
 
 
-def _wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _squeue_state(env, job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                          text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.strip()
 
 
 def _unit_worker(marks: str, signal_name: str) -> list[str]:
@@ -86,7 +72,7 @@ def test_a_running_step_finishes_its_unit_on_drain_and_the_allocation_stays(env,
 
         worker = threading.Thread(target=work)
         worker.start()
-        _wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
+        wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
         allocation.request_drain()
         worker.join(60)
         assert not worker.is_alive(), "the drained step did not finish"
@@ -97,7 +83,7 @@ def test_a_running_step_finishes_its_unit_on_drain_and_the_allocation_stays(env,
         with open(f"{marks}/stopped") as handle:
             assert handle.read().startswith("stopped after unit")
         # the allocation and its server are still there; later steps are refused
-        assert _squeue_state(env, allocation.job_id) == "RUNNING"
+        assert squeue_state(env, allocation.job_id) == "RUNNING"
         late = session.execute_in_session(["touch", f"{marks}/late"], name="late")
         assert late.drained and late.exit_code == 0
         assert not os.path.exists(f"{marks}/late")
@@ -128,7 +114,7 @@ def test_cancelling_the_allocation_is_not_reported_as_a_drain(env):
 
         worker = threading.Thread(target=work)
         worker.start()
-        _wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
+        wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
         subprocess.run(["scancel", allocation.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"]})
         worker.join(60)

@@ -8,7 +8,6 @@ though the payload had already reported one through Pipes.
 
 import subprocess
 import threading
-import time
 
 import dagster as dg
 import pytest
@@ -18,6 +17,7 @@ from compute_support import (
     slurm_resource,
     squeue_names,
     step_failure,
+    wait_until,
     write_payload,
 )
 
@@ -41,15 +41,6 @@ def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
 
 
-def _wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
 
 def _materialize_in_thread(payload: str, resource, instance):
     outcome = {}
@@ -70,7 +61,7 @@ def _materialize_in_thread(payload: str, resource, instance):
 def _fail_run_when_reported(instance) -> str:
     """Once the payload said it reported its materialization, mark the run FAILURE from
     outside the step (the run worker's death as Dagster records it); returns the run id."""
-    _wait_until(lambda: logged(instance, "materialization reported"), 180, "the payload")
+    wait_until(lambda: logged(instance, "materialization reported"), 180, "the payload")
     (run,) = instance.get_runs()
     instance.report_run_failed(run, "the run worker died (simulated by the test)")
     return run.run_id
@@ -111,7 +102,7 @@ def test_run_scope_step_cancels_its_step_and_teardown_its_allocation(env, tmp_pa
     thread.join(120)
     assert not thread.is_alive(), "the step did not stop waiting"
     # teardown saw a FAILURE run and cancelled the allocation
-    _wait_until(lambda: not _squeue_ids(env, f"dsr-{run_id}"), 30, "the allocation to end")
+    wait_until(lambda: not _squeue_ids(env, f"dsr-{run_id}"), 30, "the allocation to end")
     result = outcome["result"]
     assert not result.get_asset_materialization_events()
     assert "DagsterRunEnded" in step_failure(result)

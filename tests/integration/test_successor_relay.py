@@ -13,11 +13,10 @@ import shlex
 import shutil
 import subprocess
 import threading
-import time
 import uuid
 
 import pytest
-from compute_support import slurm_resource
+from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import SlurmAllocationEnded, SlurmRunAllocationConfig
 from dagster_slurm.agent import write_file_op
@@ -33,19 +32,6 @@ def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
 
 
-def _wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def _squeue_state(env, job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                          text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.strip()
 
 
 def _session(slurm, run_id: str) -> RunSession:
@@ -88,12 +74,12 @@ def test_relay_drain_promote_and_continue_in_the_successor(env):
 
         worker = threading.Thread(target=work)
         worker.start()
-        _wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
+        wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
         successor = session.submit_successor(SlurmRunAllocationConfig(time_limit="00:08:00"))
         assert successor.job_id != predecessor.job_id
         with pytest.raises(SessionError, match="second successor|outstanding successor"):
             session.submit_successor()
-        _wait_until(lambda: _squeue_state(env, successor.job_id) == "RUNNING", 60,
+        wait_until(lambda: squeue_state(env, successor.job_id) == "RUNNING", 60,
                     "the successor to run")
         with pytest.raises(SessionError, match="active payload step"):
             session.promote_successor()
@@ -107,7 +93,7 @@ def test_relay_drain_promote_and_continue_in_the_successor(env):
         step = session.execute_in_session(["bash", "-c", 'echo "$SLURM_JOB_ID"'], name="next")
         assert step.exit_code == 0 and not step.drained
         assert step.stdout_tail.strip() == successor.job_id
-        _wait_until(lambda: _squeue_state(env, predecessor.job_id) in ("", "COMPLETING",
+        wait_until(lambda: squeue_state(env, predecessor.job_id) in ("", "COMPLETING",
                                                                        "CANCELLED"),
                     60, "the predecessor to be released")
         assert session.promote_successor().job_id == successor.job_id  # harmless again
@@ -130,15 +116,15 @@ def test_a_pending_successor_is_found_refused_and_cancelled_by_teardown(env):
         predecessor = session.allocation
         successor = session.submit_successor(
             SlurmRunAllocationConfig(extra_sbatch_directives=["--begin=now+1hour"]))
-        assert _squeue_state(env, successor.job_id) == "PENDING"
+        assert squeue_state(env, successor.job_id) == "PENDING"
         fresh = _session(slurm, run_id)
         with pytest.raises(SessionError, match="PENDING.*requires a RUNNING successor"):
             fresh.promote_successor()
         fresh.close(cancel=False)
-        assert _squeue_state(env, predecessor.job_id) == "RUNNING"
+        assert squeue_state(env, predecessor.job_id) == "RUNNING"
     finally:
         session.close(cancel=True)
-    _wait_until(lambda: _squeue_state(env, successor.job_id) in ("", "CANCELLED"), 30,
+    wait_until(lambda: squeue_state(env, successor.job_id) in ("", "CANCELLED"), 30,
                 "teardown to cancel the pending successor")
     slurm.close()
 
@@ -154,7 +140,7 @@ def test_a_fresh_session_promotes_a_successor_whose_predecessor_ended(env):
         session.close(cancel=False)  # this process leaves; the session lives on
         subprocess.run(["scancel", predecessor.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"]})
-        _wait_until(lambda: _squeue_state(env, successor.job_id) == "RUNNING", 60,
+        wait_until(lambda: squeue_state(env, successor.job_id) == "RUNNING", 60,
                     "the successor to run")
         fresh = _session(slurm, run_id)
         promoted = fresh.promote_successor()
