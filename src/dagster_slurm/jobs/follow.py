@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.jobs.paths import run_id_of
 
 log = logging.getLogger("dagster_slurm.jobs")
 
@@ -118,9 +119,4 @@ class RunFollower:
 def follower_for(context: Any, interval: float = DEFAULT_RUN_STATUS_INTERVAL) -> RunFollower:
     """The :class:`RunFollower` of a step's execution ``context`` (its instance and run id;
     inactive when the context has neither)."""
-    instance = getattr(context, "instance", None)
-    try:
-        run_id = context.run.run_id
-    except Exception:  # noqa: BLE001 - a context without a run: nothing to follow
-        run_id = None
-    return RunFollower(instance, run_id if isinstance(run_id, str) else None, interval=interval)
+    return RunFollower(getattr(context, "instance", None), run_id_of(context), interval=interval)

@@ -1,11 +1,14 @@
-"""Where the files of one invocation live, and the job name it gets (pure)."""
+"""Where the files of one invocation live, the job name it gets, and whose run it is (pure)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("dagster_slurm.jobs")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -119,3 +122,16 @@ def job_name_for(run_id: str, step_key: str) -> str:
 def step_identity(context: Any) -> tuple[str, str]:
     """``(run_id, step_key)`` of an asset, op or asset-check execution context."""
     return context.run_id, context.get_step_execution_context().step.key
+
+
+def run_id_of(context: Any) -> str | None:
+    """The run id of a Dagster execution or resource context (None outside a run)."""
+    try:
+        run = context.run
+        run_id = getattr(run, "run_id", None)
+        if isinstance(run_id, str):
+            return run_id
+    except Exception as exc:  # noqa: BLE001 - logged; the run id attribute is asked next
+        log.debug("context has no readable run (%s: %s); trying its run_id", type(exc).__name__, exc)
+    value = getattr(context, "run_id", None)
+    return value if isinstance(value, str) else None

@@ -24,6 +24,7 @@ from typing import Any
 
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, RunFollower
+from dagster_slurm.jobs.paths import run_id_of
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.session import RunSession, session_digest
@@ -150,19 +151,6 @@ def run_is_over(instance: Any, run_id: str | None) -> tuple[bool | None, str]:
     if not remaining:
         return True, "every step of the run has finished"
     return False, f"{len(remaining)} step(s) of the run have not finished"
-
-
-def run_id_of(context: Any) -> str | None:
-    """The run id of a Dagster execution or resource context (None outside a run)."""
-    try:
-        run = context.run
-        run_id = getattr(run, "run_id", None)
-        if isinstance(run_id, str):
-            return run_id
-    except Exception as exc:  # noqa: BLE001 - logged; the run id attribute is asked next
-        log.debug("context has no readable run (%s: %s); trying its run_id", type(exc).__name__, exc)
-    value = getattr(context, "run_id", None)
-    return value if isinstance(value, str) else None
 
 
 def close_run_sessions(context: Any) -> None:

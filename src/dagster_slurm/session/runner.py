@@ -48,6 +48,7 @@ from dagster_slurm.session.errors import (
     SlurmStepFailed,
 )
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.successor import publish_run_tag
 from dagster_slurm.slurm.accounting import SacctStep
 
 log = logging.getLogger("dagster_slurm.session")
@@ -69,9 +70,6 @@ def check_step(session: RunSession, launcher: ComputeLauncher, overrides: Mappin
         )
 
 
-_RECORD_STEP_ID = RECORD_STEP_ID
-
-
 def step_launcher(launcher: ComputeLauncher) -> ComputeLauncher:
     """The launcher that writes a step's script inside the allocation: a Bash launcher that
     first records the step id, then runs the launcher's own setup lines; for Ray steps (Ray
@@ -79,12 +77,12 @@ def step_launcher(launcher: ComputeLauncher) -> ComputeLauncher:
     from dagster_slurm.launchers.ray import RayLauncher
 
     if isinstance(launcher, RayLauncher):
-        lines = [_RECORD_STEP_ID, *launcher.pre_start_commands]
+        lines = [RECORD_STEP_ID, *launcher.pre_start_commands]
         if launcher.working_dir:
             lines.append(f"cd -- {shlex.quote(launcher.working_dir)} || exit 125")
         return BashLauncher(pre_start_commands=lines)
     if type(launcher) is BashLauncher:
-        return BashLauncher(pre_start_commands=[_RECORD_STEP_ID, *launcher.pre_start_commands])
+        return BashLauncher(pre_start_commands=[RECORD_STEP_ID, *launcher.pre_start_commands])
     return launcher
 
 
@@ -117,7 +115,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         activation = session.activation()
         agent = session.slurm.agent()
         reader = tail_reader(agent, paths, context, self.poll_interval)
-        _publish_tags(context, allocation.job_id)
+        publish_run_tag(context, allocation.job_id)
         return SessionStep(context, request, PipesDeferredFileContextInjector(paths.context), reader,
                            step_key, allocation, paths, payload, activation, agent)
 
@@ -246,17 +244,3 @@ def _said(answer: AccountingAnswer | None, line: SacctStep | None,
         said = answer.describe() if answer is not None else "no answer"
     return said if error is None else f"{said}; reading stopped on {type(error).__name__}: {error}"
 
-
-def _publish_tags(context: Any, job_id: str) -> None:
-    """Record the allocation's job id as a run tag (best effort; for operators and sensors)."""
-    try:
-        from dagster_slurm.session.lifecycle import run_id_of
-
-        instance, run_id = context.instance, run_id_of(context)
-        key = "dagster-slurm/allocation"
-        run = instance.get_run_by_id(run_id)
-        if run is not None and run.tags.get(key) != job_id:
-            instance.add_run_tags(run_id, {key: job_id})
-    except Exception as exc:  # noqa: BLE001 - tags are informational only: logged, not raised
-        log.warning("run tag dagster-slurm/allocation=%s not written (%s: %s)", job_id,
-                    type(exc).__name__, exc)

@@ -19,7 +19,7 @@ from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.lifecycle import sessions_of_run
 from dagster_slurm.session.resource import SlurmSessionResource
-from dagster_slurm.session.runner import _RECORD_STEP_ID, STEP_ID_FILE, check_step, step_launcher
+from dagster_slurm.session.runner import RECORD_STEP_ID, STEP_ID_FILE, check_step, step_launcher
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 
@@ -107,12 +107,12 @@ def _plan(job_dir: Path, payload: tuple[str, ...] = ("pwd",)) -> ExecutionPlan:
 def test_bash_steps_record_their_step_id_before_their_own_setup_lines() -> None:
     launcher = step_launcher(BashLauncher(pre_start_commands=["module load x"]))
     assert type(launcher) is BashLauncher
-    assert launcher.pre_start_commands == [_RECORD_STEP_ID, "module load x"]
-    assert _RECORD_STEP_ID == f"printf '%s\\n' \"${{SLURM_STEP_ID:-}}\" > {STEP_ID_FILE} 2>/dev/null"
+    assert launcher.pre_start_commands == [RECORD_STEP_ID, "module load x"]
+    assert RECORD_STEP_ID == f"printf '%s\\n' \"${{SLURM_STEP_ID:-}}\" > {STEP_ID_FILE} 2>/dev/null"
 
 
 def test_the_step_id_line_writes_the_step_id(tmp_path: Path) -> None:
-    subprocess.run(["/bin/bash", "-c", _RECORD_STEP_ID], cwd=tmp_path, check=True,
+    subprocess.run(["/bin/bash", "-c", RECORD_STEP_ID], cwd=tmp_path, check=True,
                    env={"SLURM_STEP_ID": "7", "PATH": "/usr/bin:/bin"})
     assert (tmp_path / STEP_ID_FILE).read_text() == "7\n"
 
@@ -122,10 +122,10 @@ def test_ray_step_becomes_bash_that_enters_the_quoted_working_dir(tmp_path: Path
     launcher = step_launcher(ray)
     assert type(launcher) is BashLauncher
     assert launcher.pre_start_commands == [
-        _RECORD_STEP_ID, "module load cuda", "cd -- '/x y' || exit 125"]
+        RECORD_STEP_ID, "module load cuda", "cd -- '/x y' || exit 125"]
     text = launcher.render(_plan(tmp_path))
     # the setup lines reach the script as one quoted word, evaluated before the payload
-    expected = shlex.quote(f"{_RECORD_STEP_ID}\nmodule load cuda\ncd -- '/x y' || exit 125")
+    expected = shlex.quote(f"{RECORD_STEP_ID}\nmodule load cuda\ncd -- '/x y' || exit 125")
     assert f"__ds_pre_start={expected}\n" in text
     assert "ray start" not in text  # Ray already runs in the allocation
 
@@ -133,7 +133,7 @@ def test_ray_step_becomes_bash_that_enters_the_quoted_working_dir(tmp_path: Path
 def test_ray_step_without_working_dir_stays_in_the_job_dir() -> None:
     launcher = step_launcher(RayLauncher())
     assert type(launcher) is BashLauncher
-    assert launcher.pre_start_commands == [_RECORD_STEP_ID]
+    assert launcher.pre_start_commands == [RECORD_STEP_ID]
 
 
 def _run(script: str, job_dir: Path) -> tuple[subprocess.CompletedProcess[str], str]:
