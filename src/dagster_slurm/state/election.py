@@ -235,3 +235,71 @@ def choose_head(doc: SessionDocument | None, view: SchedulerView, now: float, *,
            else "no running, undrained worker allocation can host it")
     return HeadChoice(HeadChoiceKind.NEW_ALLOCATION, f"{gone}; {why}: a new allocation shaped "
                       "like the first head is submitted", term=term + 1, replaces=replaces)
+
+
+# -- when to act ---------------------------------------------------------------------------------
+HEAD_CHECK_INTERVAL = 30.0
+"""Seconds between a step process's checks of the head, once the session has a worker
+allocation or a separate head."""
+
+WORKER_DISCOVERY_INTERVAL = 120.0
+"""Longest time a step process that started before the session's first worker allocation
+takes to notice it (and to start checking the head)."""
+
+
+def head_drain_due(doc: SessionDocument | None, view: SchedulerView, now: float, *,
+                   has_signal: bool) -> bool:
+    """True when the head must be drained now because it gets no pre-walltime signal
+    (``has_signal`` False: its effective ``signal_before_timeout`` is None) and no more
+    than :data:`HANDOVER_LEAD` seconds of its walltime are left. False while anything is
+    unknown (state, end time, an uncertain scheduler) or the head drains already."""
+    if has_signal or doc is None or not view.certain:
+        return False
+    if head_state(doc) is not HeadState.READY or doc.allocation is None:
+        return False
+    job = view.jobs.get(str(doc.allocation.job_id))
+    if not _running(job) or job is None or job.end_at is None:
+        return False
+    return job.end_at - now <= HANDOVER_LEAD
+
+
+def _alive(view: SchedulerView, job_id: str | None) -> bool:
+    """True unless a certain view shows ``job_id`` ended (an unknown counts as alive)."""
+    if job_id is None:
+        return False
+    job = view.jobs.get(job_id)
+    if job is None:
+        return not view.certain
+    return job.state is None or not job.state.terminal
+
+
+def live_worker_jobs(doc: SessionDocument | None, view: SchedulerView) -> list[str]:
+    """Job ids of the worker allocations that are not released and not seen ended."""
+    if doc is None:
+        return []
+    return sorted((job_id for job_id, record in doc.workers.items()
+                   if not record.released and _alive(view, job_id)), key=_job_order)
+
+
+def needs_worker(doc: SessionDocument | None, view: SchedulerView) -> bool:
+    """True when a session with worker allocations has none left: no live worker
+    allocation, no submission in flight. False while the scheduler is uncertain (an
+    unknown never submits) or the session is closed."""
+    if doc is None or doc.closed or not view.certain:
+        return False
+    if live_worker_jobs(doc, view):
+        return False
+    return not any(submission.status in ("submitting", "unknown")
+                   for submission in doc.worker_submissions.values())
+
+
+def workers_await_head(doc: SessionDocument | None, view: SchedulerView) -> bool:
+    """True when live worker allocations wait for a head: the session has no head record,
+    or its head's job is seen ended (for the orphan sensor, which treats such a run like one
+    with a published successor)."""
+    if doc is None or not live_worker_jobs(doc, view):
+        return False
+    record = doc.allocation
+    if record is None or head_state(doc) in (HeadState.FAILED, HeadState.IN_DOUBT):
+        return True
+    return record.job_id is not None and not _alive(view, record.job_id)

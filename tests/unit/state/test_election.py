@@ -365,3 +365,45 @@ def test_many_processes_one_election() -> None:
     assert outcomes.count(True) == 1
     doc, now = _read(store)
     assert all(choose_head(doc, view, now).kind is K.WAIT for _ in itertools.repeat(None, 3))
+
+
+# -- when to act ---------------------------------------------------------------------------------
+def test_a_head_without_signal_is_drained_five_minutes_before_its_walltime() -> None:
+    from dagster_slurm.state.election import head_drain_due
+
+    raw = new_session_document("dsr-run")
+    raw["allocation"] = {"status": "submitted", "job_id": "11", "token": "h", "ready_at": 1.0}
+    doc = _typed(raw)
+
+    def view(left: float | None, certain: bool = True) -> SchedulerView:
+        end = None if left is None else NOW + left
+        return SchedulerView({"11": JobView(JobState.RUNNING, end)}, certain=certain)
+
+    assert head_drain_due(doc, view(HANDOVER_LEAD), NOW, has_signal=False)
+    assert not head_drain_due(doc, view(HANDOVER_LEAD + 1), NOW, has_signal=False)
+    assert not head_drain_due(doc, view(10), NOW, has_signal=True)
+    assert not head_drain_due(doc, view(None), NOW, has_signal=False)
+    assert not head_drain_due(doc, view(10, certain=False), NOW, has_signal=False)
+    raw["allocation"]["drain_requested_at"] = 2.0
+    assert not head_drain_due(_typed(raw), view(10), NOW, has_signal=False)
+
+
+def test_workers_are_submitted_again_when_none_is_left() -> None:
+    from dagster_slurm.state.election import live_worker_jobs, needs_worker, workers_await_head
+
+    raw = _worker_doc(**{"31": {}, "32": {"released": True}})
+    running = SchedulerView({"31": JobView(JobState.RUNNING, NOW + 100)})
+    ended = SchedulerView({"31": JobView(JobState.COMPLETED)})
+    assert live_worker_jobs(_typed(raw), running) == ["31"]
+    assert not needs_worker(_typed(raw), running)
+    assert needs_worker(_typed(raw), ended) and needs_worker(_typed(raw), SchedulerView())
+    assert not needs_worker(_typed(raw), SchedulerView(certain=False))  # unknown: no submission
+    raw["worker_submissions"] = {"t": {"token": "t", "status": "submitting"}}
+    assert not needs_worker(_typed(raw), ended)
+    # the orphan sensor: live workers without a head wait for one
+    assert workers_await_head(_typed(raw), running)
+    raw["allocation"] = {"status": "submitted", "job_id": "11", "token": "h", "ready_at": 1.0}
+    assert workers_await_head(_typed(raw), running)  # job 11 is not listed: it ended
+    both = SchedulerView({**running.jobs, "11": JobView(JobState.RUNNING)})
+    assert not workers_await_head(_typed(raw), both)
+    assert not workers_await_head(_typed(raw), ended)
