@@ -11,9 +11,10 @@ starts failed there. The elector:
    and waits;
 2. :func:`renew_election` — while the new head starts (a new allocation may wait in the
    queue), every half lease;
-3. :func:`complete_election` once the head runs, or :func:`fail_election` when it did not
-   start, which counts a failure of the candidate (an allocation that failed twice is
-   passed over by the next election).
+3. :func:`complete_election` once the head runs (for a worker allocation:
+   :func:`install_elected_head`, which also makes it the head record), or
+   :func:`fail_election` when it did not start, which counts a failure of the candidate
+   (an allocation that failed twice is passed over by the next election).
 
 Guarantees: at most one unexpired claim (the claim is guarded by the election record
 exactly as read and, to take over, by its expiry at the store's clock); an elector that
@@ -43,7 +44,9 @@ from typing import Any
 
 from dagster_slurm.agent.remote.patch import make_pointer
 from dagster_slurm.state.schema import Election, SessionDocument
-from dagster_slurm.state.transitions import Change, Outcome, Refused, closed_message
+from dagster_slurm.state.successor_transitions import REPLACED_STATE, _history_entry
+from dagster_slurm.state.transitions import HEAD, Change, Outcome, Refused, closed_message
+from dagster_slurm.state.transitions import _edge as _head_edge
 
 ELECTION = "/election"
 
@@ -86,6 +89,8 @@ ELECTION_TRANSITIONS: tuple[ClaimEdge, ...] = (
               "the elector still starts the head (a new allocation may queue): lease extended"),
     ClaimEdge(C.CLAIMED, "complete_election", C.FREE,
               "the new head runs: the claim is released, the waiting callers read the head"),
+    ClaimEdge(C.CLAIMED, "install_elected_head", C.FREE,
+              "the control plane runs on the elected worker allocation: it becomes the head"),
     ClaimEdge(C.CLAIMED, "fail_election", C.FREE,
               "the head did not start on the candidate: one failure counted, claim released"),
     ClaimEdge(C.EXPIRED, "fail_election", C.FREE,
@@ -239,3 +244,57 @@ def fail_election(doc: SessionDocument | None, *, owner: str, term: int,
                  {"op": "incr", "path": make_pointer("election", "failures", candidate),
                   "value": 1})
     return Change(name, (*_holds(owner, term), *count, *_release()))
+
+
+#: ``kind`` of a head record whose job is a worker allocation hosting the control plane:
+#: when the head moves on, that job stays (a worker), it is never cancelled as a predecessor.
+WORKER_HEAD_KIND = "worker"
+
+
+def install_elected_head(doc: SessionDocument | None, *, owner: str, term: int, job_id: str,
+                         nodes: list[str], ray_address: str | None, now: float) -> Outcome:
+    """The elected worker allocation ``job_id`` hosts the head (its control plane answers
+    on ``nodes[0]`` at ``ray_address``): ``/allocation`` becomes its head record (kind
+    :data:`WORKER_HEAD_KIND`, READY), the previous head record moves to the history as
+    ``REPLACED``, and the claim of ``owner``'s ``term`` is released, in one change. Needs
+    the unexpired claim for candidate ``job_id``, and the worker record live and undrained;
+    every record is guarded as read."""
+    name = "install_elected_head"
+    refused = _owned(doc, name, owner, term, now)
+    if refused is not None:
+        return refused
+    assert doc is not None and doc.election is not None
+    record = doc.workers.get(job_id)
+    if doc.election.candidate != job_id:
+        return Refused(name, f"term {term} elects {doc.election.candidate!r}, not job {job_id}")
+    if record is None or record.released or record.drain_deadline is not None:
+        return Refused(name, f"job {job_id} is no longer a live, undrained worker allocation")
+    refused = _head_edge(doc, name)
+    if refused is not None:
+        return refused
+    worker = make_pointer("workers", job_id)
+    raw_worker = doc.model_dump(mode="json", exclude_unset=True)["workers"][job_id]
+    patch: list[Mapping[str, Any]] = [*_holds(owner, term), _unexpired(),
+                                      {"op": "test", "path": worker, "value": raw_worker}]
+    predecessor = doc.allocation
+    if predecessor is None:
+        patch.append({"op": "absent", "path": HEAD})
+    else:
+        raw, history_name, entry = _history_entry(doc, HEAD, REPLACED_STATE)
+        patch += [
+            {"op": "test", "path": HEAD, "value": raw},
+            {"op": "setdefault", "path": "/history", "value": {}},
+            {"op": "add", "path": make_pointer("history", history_name), "value": entry},
+            {"op": "add", "path": make_pointer("history", history_name, "ended_at"),
+             "value_now": 0},
+        ]
+    head = {"kind": WORKER_HEAD_KIND, "job_id": job_id, "token": record.token,
+            "status": "submitted", "config": dict(record.config), "nodes": list(nodes),
+            "ray_address": ray_address, "submitted_at": record.submitted_at,
+            "promoted_from": predecessor.job_id if predecessor is not None else None}
+    return Change(name, (
+        *patch,
+        {"op": "add", "path": HEAD, "value": head},
+        {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
+        *_release(),
+    ))

@@ -407,3 +407,64 @@ def test_workers_are_submitted_again_when_none_is_left() -> None:
     both = SchedulerView({**running.jobs, "11": JobView(JobState.RUNNING)})
     assert not workers_await_head(_typed(raw), both)
     assert not workers_await_head(_typed(raw), ended)
+
+
+# -- the elected worker allocation becomes the head ----------------------------------------------
+def test_the_elected_worker_allocation_becomes_the_head_once() -> None:
+    raw = _worker_doc(**{"31": {"token": "wt-31", "config": {"partition": "gpu"}}, "32": {}})
+    raw["allocation"] = {"status": "submitted", "job_id": "11", "token": "h", "ready_at": 1.0}
+    store, clock = _store(raw, NOW)
+    view = SchedulerView({"31": JobView(JobState.RUNNING, NOW + 3600, ("a1", "a2")),
+                          "11": JobView(JobState.COMPLETED)})
+    doc, now = _read(store)
+    choice = choose_head(doc, view, now)
+    assert (choice.kind, choice.job_id, choice.node, choice.replaces) == (
+        K.WORKER, "31", "a1", "11")
+    assert store.transact(el.claim_election(doc, owner="p", candidate="31",  # type: ignore[union-attr]
+                                            now=now).patch).ok
+    doc, now = _read(store)
+    wrong = el.install_elected_head(doc, owner="p", term=1, job_id="32", nodes=["b1"],
+                                    ray_address="b1:1", now=now)
+    assert isinstance(wrong, tr.Refused) and "elects '31'" in wrong.reason
+    installed = el.install_elected_head(doc, owner="p", term=1, job_id="31", nodes=["a1"],
+                                        ray_address="a1:6379", now=now)
+    assert isinstance(installed, tr.Change) and store.transact(installed.patch).ok
+    assert not store.transact(installed.patch).ok  # never twice
+    doc, now = _read(store)
+    head = doc.allocation
+    assert head is not None and tr.head_state(doc) is tr.HeadState.READY
+    assert (head.kind, head.job_id, head.token, head.nodes, head.promoted_from) == (
+        el.WORKER_HEAD_KIND, "31", "wt-31", ["a1"], "11")
+    assert head.config == {"partition": "gpu"}
+    assert doc.history["11"].final_state == "REPLACED"
+    assert el.claim_state(doc, now) is el.ClaimState.FREE
+    assert "31" in doc.workers and not doc.workers["31"].released  # it stays a worker
+    healthy = SchedulerView({**view.jobs, "31": JobView(JobState.RUNNING, NOW + 3600,
+                                                        ("a1", "a2"), True)})
+    assert choose_head(doc, healthy, now).kind is K.KEEP
+
+
+def test_install_needs_a_live_claim_and_an_undrained_worker() -> None:
+    raw = _worker_doc(**{"31": {}})
+    store, clock = _store(raw, NOW)
+    doc, now = _read(store)
+    assert store.transact(el.claim_election(doc, owner="p", candidate="31",  # type: ignore[union-attr]
+                                            now=now).patch).ok
+    doc, now = _read(store)
+    stale = el.install_elected_head(doc, owner="p", term=1, job_id="31", nodes=["n31"],
+                                    ray_address=None, now=now)
+    assert isinstance(stale, tr.Change)
+    from dagster_slurm.state import worker_transitions as wt
+
+    assert store.transact(wt.request_worker_drain(doc, job_id="31",  # type: ignore[union-attr]
+                                                  drain_timeout=60).patch).ok
+    assert not store.transact(stale.patch).ok  # the worker record changed: a conflict
+    doc, now = _read(store)
+    drained = el.install_elected_head(doc, owner="p", term=1, job_id="31", nodes=["n31"],
+                                      ray_address=None, now=now)
+    assert isinstance(drained, tr.Refused) and "undrained" in drained.reason
+    clock[0] = NOW + el.CLAIM_TTL + 1
+    doc, now = _read(store)
+    late = el.install_elected_head(doc, owner="p", term=1, job_id="31", nodes=["n31"],
+                                   ray_address=None, now=now)
+    assert isinstance(late, tr.Refused) and "expired" in late.reason
