@@ -27,7 +27,8 @@ A worker allocation's states (:class:`WorkerState`, derived by :func:`worker_sta
 
     ABSENT -> SUBMITTING -> SUBMITTED -> JOINED -> DRAINING -> RELEASED
                   |   \\        ^   \\________________________/^
-                  v    \\-> FAILED / IN_DOUBT (settle_worker_found -> SUBMITTED)
+                  v    \\-> FAILED / IN_DOUBT (settle_worker_found -> SUBMITTED,
+                                             settle_worker_lost -> FAILED)
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ WORKER_TRANSITIONS: tuple[WorkerEdge, ...] = (
                "sbatch did not answer, but squeue lists a job carrying the token"),
     WorkerEdge(W.FAILED, "settle_worker_found", W.SUBMITTED,
                "sbatch reported a failure, yet squeue lists a job carrying the token"),
+    WorkerEdge(W.SUBMITTING, "settle_worker_lost", W.FAILED,
+               "the submitter vanished and squeue lists no job carrying its token"),
+    WorkerEdge(W.IN_DOUBT, "settle_worker_lost", W.FAILED,
+               "sbatch did not answer and squeue lists no job carrying the token"),
     WorkerEdge(W.SUBMITTED, "record_worker_joined", W.JOINED,
                "every node of the allocation joined the head; nodes and Ray node ids recorded"),
     WorkerEdge(W.JOINED, "record_worker_joined", W.JOINED,
@@ -286,6 +291,26 @@ def settle_worker_found(doc: SessionDocument | None, *, token: str, job_id: str)
     if refused is not None:
         return refused
     return _settled(doc, name, token, job_id, ("submitting", "unknown", "failed"))
+
+
+def settle_worker_lost(doc: SessionDocument | None, *, token: str) -> Outcome:
+    """SUBMITTING or IN_DOUBT -> FAILED: a certain squeue lists no job carrying ``token``
+    (its submitter vanished, or sbatch did not answer), so no allocation came of it."""
+    name = "settle_worker_lost"
+    if doc is None:
+        return _unread(name)
+    refused = _edge(name, worker_state(doc, token=token), f"with token {token!r}")
+    if refused is not None:
+        return refused
+    pointer = _submission(token)
+    status = doc.worker_submissions[token].status
+    return Change(name, (
+        {"op": "test", "path": f"{pointer}/status", "value": status},
+        {"op": "add", "path": f"{pointer}/status", "value": "failed"},
+        {"op": "add", "path": f"{pointer}/error",
+         "value": "no job carrying the token was found in squeue"},
+        {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0},
+    ))
 
 
 # -- the worker record -------------------------------------------------------------------------

@@ -132,6 +132,17 @@ def test_failed_and_in_doubt_submissions_settle_when_squeue_lists_the_token() ->
     assert isinstance(refused, tr.Refused) and "already has a worker record" in refused.reason
 
 
+def test_a_submission_squeue_does_not_know_is_settled_as_failed() -> None:
+    store = _store()
+    assert _apply(store, wt.submit_worker(_doc(store), token="wt-a", config={}, shape={}))
+    stale = _doc(store)
+    assert _apply(store, wt.settle_worker_lost(stale, token="wt-a"))
+    assert not _apply(store, wt.settle_worker_lost(stale, token="wt-a"))
+    doc = _doc(store)
+    assert wt.worker_state(doc, token="wt-a") is W.FAILED
+    assert "no job carrying the token" in str(doc.worker_submissions["wt-a"].error)
+
+
 def test_a_closed_session_submits_no_worker() -> None:
     raw = new_session_document("dsr-run")
     raw["closed_at"], raw["closed_reason"] = 5.0, "teardown"
@@ -156,6 +167,7 @@ def _op() -> st.SearchStrategy[tuple[str, dict[str, Any], int]]:
         op("worker_submitted", token=token, job_id=job),
         op("worker_submit_failed", token=token, error=st.just("e"), in_doubt=st.booleans()),
         op("settle_worker_found", token=token, job_id=job),
+        op("settle_worker_lost", token=token),
         op("record_worker_joined", job_id=job, nodes=st.just(["g1"]),
            ray_node_ids=st.sampled_from([{"g1": "r1"}, {"g1": "r2"}])),
         op("request_worker_drain", job_id=job, drain_timeout=st.sampled_from([0, 60])),
