@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "RayLauncher": "dagster_slurm.launchers.ray",
     "RayPortConfig": "dagster_slurm.launchers.ray_ports",
     "SlurmRunAllocationConfig": "dagster_slurm.session.config",
+    "SlurmWorkerAllocationConfig": "dagster_slurm.session.worker_config",
     "SlurmSessionResource": "dagster_slurm.session.resource",
     "RunSession": "dagster_slurm.session.session",
     "SlurmAllocation": "dagster_slurm.session.allocation",
@@ -94,6 +95,7 @@ __all__ = [
     "SlurmStepExecutionResult",
     "SlurmStepFailed",
     "SlurmSubmissionError",
+    "SlurmWorkerAllocationConfig",
     "TransportError",
     "build_slurm_orphan_reconcile_sensor",
     "reconcile_orphaned_slurm_runs",
@@ -149,6 +151,7 @@ if TYPE_CHECKING:
     )
     from dagster_slurm.session.resource import SlurmSessionResource
     from dagster_slurm.session.session import RunSession
+    from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
     from dagster_slurm.slurm.queue import SlurmQueueConfig
     from dagster_slurm.slurm.states import JobState
 

@@ -58,6 +58,34 @@ SHAPE_FIELDS: tuple[str, ...] = (
 )
 
 
+def _name_field(cls: Any, value: str | None, info: ValidationInfo) -> str | None:
+    if value is None or (info.field_name == "partition" and value == ""):
+        return value
+    return validate_slurm_name(str(info.field_name), value)
+
+
+def _count_field(cls: Any, value: int | None, info: ValidationInfo) -> int | None:
+    minimum = 0 if info.field_name == "gpus_per_node" else 1
+    return None if value is None else validate_count(str(info.field_name), value, minimum=minimum)
+
+
+def _directives_field(cls: Any, value: list[str]) -> list[str]:
+    return list(validate_extra_sbatch_directives(value, field_names=_OWN_FIELDS))
+
+
+ALLOCATION_VALIDATORS: dict[str, Any] = {
+    **SHAPE_VALIDATORS,
+    "name": field_validator("partition", "qos", "account", "reservation")(
+        classmethod(_name_field)),
+    "count": field_validator("num_nodes", "cpus_per_task", "gpus_per_node")(
+        classmethod(_count_field)),
+    "directives": field_validator("extra_sbatch_directives")(classmethod(_directives_field)),
+}
+"""Validators of the fields every allocation configuration of a session shares (the run
+allocation's and the worker allocations': same names, same rules), assigned in each class
+so that they never drift apart; the time, memory and signal rules are the queue's."""
+
+
 #: Shortest ``heartbeat_timeout`` (seconds) accepted without ``allow_short_heartbeat_timeout``:
 #: a shared filesystem may show a new heartbeat to the compute node up to a minute late (NFS
 #: attribute and directory caches: ``acregmax``/``acdirmax`` default to 60 s), so a shorter
@@ -159,27 +187,12 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         ),
     )
 
-    @field_validator("partition", "qos", "account", "reservation")
-    @classmethod
-    def _check_name(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None or (info.field_name == "partition" and value == ""):
-            return value
-        return validate_slurm_name(str(info.field_name), value)
-
-    @field_validator("num_nodes", "cpus_per_task", "gpus_per_node")
-    @classmethod
-    def _check_count(cls, value: int | None, info: ValidationInfo) -> int | None:
-        minimum = 0 if info.field_name == "gpus_per_node" else 1
-        return None if value is None else validate_count(str(info.field_name), value, minimum=minimum)
-
-    _check_time = SHAPE_VALIDATORS["time"]
-    _check_memory = SHAPE_VALIDATORS["memory"]
-    _check_signal = SHAPE_VALIDATORS["signal"]
-
-    @field_validator("extra_sbatch_directives")
-    @classmethod
-    def _check_directives(cls, value: list[str]) -> list[str]:
-        return list(validate_extra_sbatch_directives(value, field_names=_OWN_FIELDS))
+    _check_name = ALLOCATION_VALIDATORS["name"]
+    _check_count = ALLOCATION_VALIDATORS["count"]
+    _check_time = ALLOCATION_VALIDATORS["time"]
+    _check_memory = ALLOCATION_VALIDATORS["memory"]
+    _check_signal = ALLOCATION_VALIDATORS["signal"]
+    _check_directives = ALLOCATION_VALIDATORS["directives"]
 
     @field_validator("heartbeat_interval", "startup_timeout")
     @classmethod
@@ -227,9 +240,11 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         return self.model_dump(mode="json")
 
 
-def _in_own_words(error: ValidationError) -> Exception:
+def _in_own_words(error: ValidationError, owner: str = "SlurmRunAllocationConfig",
+                  source: str = "the Slurm resource's queue configuration") -> Exception:
     """The first problem of a combined queue configuration, as a :class:`ConfigurationError`
-    naming the SlurmRunAllocationConfig field (``cpus`` becomes ``cpus_per_task``)."""
+    naming the field as ``owner`` spells it (``cpus`` becomes ``cpus_per_task``); ``source``
+    says where the fields left None took their values from."""
     for detail in error.errors():
         cause = (detail.get("ctx") or {}).get("error")
         if isinstance(cause, ConfigurationError):
@@ -237,8 +252,7 @@ def _in_own_words(error: ValidationError) -> Exception:
             field = _OWN_FIELDS.get(base, base) + bracket + rest
             return ConfigurationError(
                 field, cause.value,
-                f"{cause.problem} (fields of SlurmRunAllocationConfig left None take the "
-                "values of the Slurm resource's queue configuration)",
+                f"{cause.problem} (fields of {owner} left None take the values of {source})",
             )
     return error
 

@@ -15,8 +15,10 @@ a caller that did not read the document (``doc=None``: the step launch and the d
 which must stay one round trip) gets the same check, made under the lock.
 
 This module and :mod:`dagster_slurm.state.successor_transitions` (the successor's
-transitions, listed in the same table) are the only places that write session-document
-patches. The agent's ``submit``
+transitions, listed in the same table) are the only places that write patches of the head
+and successor records; :mod:`dagster_slurm.state.election_transitions` adds the head edge
+``install_elected_head`` (a worker allocation becomes the head), and
+:mod:`dagster_slurm.state.worker_transitions` writes the worker records. The agent's ``submit``
 operation writes the head's submission record itself (it must happen under the lock right
 before sbatch); :func:`submit_head` returns the same patch, and
 :func:`head_submission_record` the value the session passes to that operation, so the fakes
@@ -153,6 +155,18 @@ TRANSITIONS: tuple[Edge, ...] = (
          "a supervising process is alive: host, pid and the login node's time"),
     Edge(ANY, "close_session", ANY,
          "teardown or orphan reconciliation: no process submits for the session again"),
+    Edge(HeadState.ABSENT, "install_elected_head", HeadState.READY,
+         "the head ended and was retired: the elected worker allocation hosts the head"),
+    Edge(HeadState.SUBMITTED, "install_elected_head", HeadState.READY,
+         "the elected worker allocation replaces a head that never accepted steps: REPLACED"),
+    Edge(HeadState.READY, "install_elected_head", HeadState.READY,
+         "the head's Ray stopped or its job ended: the elected worker hosts it; REPLACED"),
+    Edge(HeadState.DRAINING, "install_elected_head", HeadState.READY,
+         "the draining head hands over to the elected worker allocation: history, REPLACED"),
+    Edge(HeadState.FAILED, "install_elected_head", HeadState.READY,
+         "a refused head submission is replaced by the elected worker allocation"),
+    Edge(HeadState.IN_DOUBT, "install_elected_head", HeadState.READY,
+         "an unanswered head submission is replaced by the elected worker allocation"),
 )
 
 TABLE: Mapping[tuple[HeadState | str, str], HeadState | str] = {

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dagster_slurm.state import MemoryStateStore, new_session_document
+from dagster_slurm.state import election_transitions as st_election
 from dagster_slurm.state import successor_transitions as st_succ
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, SessionDocument
@@ -29,8 +30,10 @@ SUCCESSOR_NAMES = ("submit_successor", "successor_submitted", "successor_submit_
 
 
 def _function(name: str) -> Any:
-    """A transition function by name (the successor's live in their own module)."""
-    return getattr(tr, name, None) or getattr(st_succ, name, None)
+    """A transition function by name (the successor's and the election's live in their
+    own modules)."""
+    return (getattr(tr, name, None) or getattr(st_succ, name, None)
+            or getattr(st_election, name, None))
 
 
 # -- the table --------------------------------------------------------------------------------

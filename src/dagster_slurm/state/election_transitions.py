@@ -1,0 +1,300 @@
+"""Head elections: the claim with a lease that makes one process the elector.
+
+The election record (``/election``) holds the current ``term``, the ``candidate`` chosen by
+:func:`~dagster_slurm.state.election.choose_head` (a job id; None for a new allocation),
+the elector (``claimed_by``), when it claimed (``started_at``) and until when its claim
+holds (``expires_at``, the store's clock), and ``failures``: per job id, how many head
+starts failed there. The elector:
+
+1. :func:`claim_election` — takes the claim for the next term, if nobody holds an
+   unexpired one: the first caller wins, every other caller is refused (or fails its guard)
+   and waits;
+2. :func:`renew_election` — while the new head starts (a new allocation may wait in the
+   queue), every half lease;
+3. :func:`complete_election` once the head runs (for a worker allocation:
+   :func:`install_elected_head`, which also makes it the head record), or
+   :func:`fail_election` when it did not start, which counts a failure of the candidate
+   (an allocation that failed twice is passed over by the next election).
+
+Guarantees: at most one unexpired claim (the claim is guarded by the election record
+exactly as read and, to take over, by its expiry at the store's clock); an elector that
+dies blocks the next election for at most :data:`CLAIM_TTL` seconds after its last
+renewal; the taking over of an expired claim counts one failure of its candidate, in the
+same change, so a start that killed its elector is not retried first. Completing needs the
+unexpired claim, failing only the claim (an expired elector may still report its failure
+while nobody took over). Non-guarantee: an elector paused past its lease may still act;
+it must check its lease (``expires_at`` against the store's clock, or a local deadline)
+before each step, as with :mod:`dagster_slurm.state.lease`.
+
+Claim states (:class:`ClaimState`, derived at a given time by :func:`claim_state`)::
+
+    FREE --claim_election--> CLAIMED --complete_election / fail_election--> FREE
+                                |  ^ renew_election
+                    (lease passes)  |
+                                v  |
+                             EXPIRED --claim_election (takeover)--> CLAIMED
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from dagster_slurm.agent.remote.patch import make_pointer
+from dagster_slurm.state.schema import Election, SessionDocument
+from dagster_slurm.state.successor_transitions import REPLACED_STATE, _history_entry
+from dagster_slurm.state.transitions import HEAD, Change, Outcome, Refused, closed_message
+from dagster_slurm.state.transitions import _edge as _head_edge
+
+ELECTION = "/election"
+
+CLAIM_TTL = 120.0
+"""Seconds an election claim holds without renewal: how long a dead elector blocks the
+next election."""
+
+FAILED_TWICE = 2
+"""Failed head starts after which an allocation is passed over by elections."""
+
+
+class ClaimState(str, Enum):
+    """The state of the election claim at a given time."""
+
+    FREE = "free"
+    """No election runs: no record, or its claim was completed or failed."""
+    CLAIMED = "claimed"
+    """An elector holds an unexpired claim; everyone else waits."""
+    EXPIRED = "expired"
+    """The elector's claim expired (it died or stalled): the next elector may take over."""
+
+
+@dataclass(frozen=True)
+class ClaimEdge:
+    """One allowed transition of the election claim."""
+
+    source: ClaimState
+    name: str
+    target: ClaimState
+    why: str
+
+
+C = ClaimState
+ELECTION_TRANSITIONS: tuple[ClaimEdge, ...] = (
+    ClaimEdge(C.FREE, "claim_election", C.CLAIMED,
+              "the head is gone or draining: the first caller claims the next term with a lease"),
+    ClaimEdge(C.EXPIRED, "claim_election", C.CLAIMED,
+              "the elector died or stalled: take over, counting a failure of its candidate"),
+    ClaimEdge(C.CLAIMED, "renew_election", C.CLAIMED,
+              "the elector still starts the head (a new allocation may queue): lease extended"),
+    ClaimEdge(C.CLAIMED, "complete_election", C.FREE,
+              "the new head runs: the claim is released, the waiting callers read the head"),
+    ClaimEdge(C.CLAIMED, "install_elected_head", C.FREE,
+              "the control plane runs on the elected worker allocation: it becomes the head"),
+    ClaimEdge(C.CLAIMED, "fail_election", C.FREE,
+              "the head did not start on the candidate: one failure counted, claim released"),
+    ClaimEdge(C.EXPIRED, "fail_election", C.FREE,
+              "an elector past its lease reports the failure while nobody took over"),
+)
+
+ELECTION_TABLE: Mapping[tuple[ClaimState, str], ClaimState] = {
+    (edge.source, edge.name): edge.target for edge in ELECTION_TRANSITIONS
+}
+"""``(state, transition) -> state``: the edges of :data:`ELECTION_TRANSITIONS`."""
+
+
+def claim_state(doc: SessionDocument | None, now: float) -> ClaimState:
+    """The claim's state at ``now`` (the store's clock): ``expires_at == now`` counts as
+    expired, as for leases; a claim without an expiry counts as expired."""
+    election = doc.election if doc is not None else None
+    if election is None or election.claimed_by is None:
+        return C.FREE
+    if election.expires_at is None or now >= election.expires_at:
+        return C.EXPIRED
+    return C.CLAIMED
+
+
+def failures(doc: SessionDocument | None, job_id: str) -> int:
+    """How many head starts failed on allocation ``job_id``."""
+    election = doc.election if doc is not None else None
+    return 0 if election is None else int(election.failures.get(job_id, 0))
+
+
+def _edge(doc: SessionDocument | None, name: str, now: float) -> Refused | None:
+    state = claim_state(doc, now)
+    if (state, name) in ELECTION_TABLE:
+        return None
+    election = doc.election if doc is not None else None
+    if state is C.CLAIMED and election is not None:
+        where = (f"claimed by {election.claimed_by} for term {election.term} until "
+                 f"{election.expires_at:.0f} (epoch seconds)")
+    else:
+        where = state.value
+    sources = sorted(e.source.value for e in ELECTION_TRANSITIONS if e.name == name)
+    return Refused(name, f"the election is {where}; {name} applies only when it is "
+                         f"{' or '.join(sources)}")
+
+
+def _raw(doc: SessionDocument) -> dict[str, Any]:
+    return doc.model_dump(mode="json", exclude_unset=True)["election"]
+
+
+def claim_election(doc: SessionDocument | None, *, owner: str, candidate: str | None,
+                   now: float, ttl: float = CLAIM_TTL) -> Outcome:
+    """FREE/EXPIRED -> CLAIMED: ``owner`` claims the next term to make ``candidate`` (a
+    job id; None: a new allocation) the head, until ``ttl`` seconds from the store's
+    clock. ``now`` is the time of the read ``doc`` came with (the store's clock); taking
+    over an expired claim is guarded by its expiry at commit time as well."""
+    name = "claim_election"
+    if doc is None:
+        return Refused(name, "the session document was not read; read it and retry")
+    if doc.closed:
+        return Refused(name, closed_message(doc))
+    if not ttl > 0:
+        raise ValueError(f"ttl={ttl!r}: must be a positive number of seconds")
+    refused = _edge(doc, name, now)
+    if refused is not None:
+        return refused
+    election = doc.election
+    patch: list[Mapping[str, Any]] = []
+    if election is None:
+        patch.append({"op": "absent", "path": ELECTION})
+        term, counts = 1, {}
+    else:
+        patch.append({"op": "test", "path": ELECTION, "value": _raw(doc)})
+        term, counts = election.term + 1, dict(election.failures)
+        if claim_state(doc, now) is C.EXPIRED:
+            patch.append({"op": "test", "path": f"{ELECTION}/expires_at", "cmp": "le",
+                          "value_now": 0})
+            if election.candidate is not None:
+                counts[election.candidate] = counts.get(election.candidate, 0) + 1
+    value = Election(term=term, candidate=candidate, claimed_by=owner,
+                     failures=counts).model_dump(mode="json")
+    return Change(name, (
+        *patch,
+        {"op": "add", "path": ELECTION, "value": value},
+        {"op": "add", "path": f"{ELECTION}/started_at", "value_now": 0},
+        {"op": "add", "path": f"{ELECTION}/expires_at", "value_now": ttl},
+    ))
+
+
+def _holds(owner: str, term: int) -> tuple[Mapping[str, Any], ...]:
+    return ({"op": "test", "path": f"{ELECTION}/claimed_by", "value": owner},
+            {"op": "test", "path": f"{ELECTION}/term", "value": term})
+
+
+def _owned(doc: SessionDocument | None, name: str, owner: str, term: int,
+           now: float) -> Refused | None:
+    if doc is None:
+        return Refused(name, "the session document was not read; read it and retry")
+    election = doc.election
+    if election is None or election.claimed_by != owner or election.term != term:
+        held = ("no election" if election is None else
+                f"term {election.term} claimed by {election.claimed_by}")
+        return Refused(name, f"{owner} does not hold the claim of term {term} (now {held}): "
+                             "another elector took over; read the head it elects")
+    return _edge(doc, name, now)
+
+
+def _unexpired() -> Mapping[str, Any]:
+    return {"op": "test", "path": f"{ELECTION}/expires_at", "cmp": "gt", "value_now": 0}
+
+
+def renew_election(doc: SessionDocument | None, *, owner: str, term: int, now: float,
+                   ttl: float = CLAIM_TTL) -> Outcome:
+    """CLAIMED -> CLAIMED: ``owner`` still elects for ``term``: the claim holds until
+    ``ttl`` seconds from the store's clock. Refused (or a conflict) once it expired."""
+    name = "renew_election"
+    refused = _owned(doc, name, owner, term, now)
+    if refused is not None:
+        return refused
+    return Change(name, (*_holds(owner, term), _unexpired(),
+                         {"op": "add", "path": f"{ELECTION}/expires_at", "value_now": ttl}))
+
+
+def _release() -> tuple[Mapping[str, Any], ...]:
+    return ({"op": "add", "path": f"{ELECTION}/claimed_by", "value": None},
+            {"op": "add", "path": f"{ELECTION}/expires_at", "value": None})
+
+
+def complete_election(doc: SessionDocument | None, *, owner: str, term: int,
+                      now: float) -> Outcome:
+    """CLAIMED -> FREE: the head of ``owner``'s term runs; the claim is released (the
+    candidate stays recorded as the term's head). Needs the unexpired claim."""
+    name = "complete_election"
+    refused = _owned(doc, name, owner, term, now)
+    if refused is not None:
+        return refused
+    return Change(name, (*_holds(owner, term), _unexpired(), *_release()))
+
+
+def fail_election(doc: SessionDocument | None, *, owner: str, term: int,
+                  now: float) -> Outcome:
+    """CLAIMED/EXPIRED -> FREE: the head did not start on the term's candidate; one
+    failure is counted for it (none for a new allocation) and the claim is released."""
+    name = "fail_election"
+    refused = _owned(doc, name, owner, term, now)
+    if refused is not None:
+        return refused
+    assert doc is not None and doc.election is not None
+    candidate = doc.election.candidate
+    count: tuple[Mapping[str, Any], ...] = ()
+    if candidate is not None:
+        count = ({"op": "setdefault", "path": f"{ELECTION}/failures", "value": {}},
+                 {"op": "incr", "path": make_pointer("election", "failures", candidate),
+                  "value": 1})
+    return Change(name, (*_holds(owner, term), *count, *_release()))
+
+
+#: ``kind`` of a head record whose job is a worker allocation hosting the control plane:
+#: when the head moves on, that job stays (a worker), it is never cancelled as a predecessor.
+WORKER_HEAD_KIND = "worker"
+
+
+def install_elected_head(doc: SessionDocument | None, *, owner: str, term: int, job_id: str,
+                         nodes: list[str], ray_address: str | None, now: float) -> Outcome:
+    """The elected worker allocation ``job_id`` hosts the head (its control plane answers
+    on ``nodes[0]`` at ``ray_address``): ``/allocation`` becomes its head record (kind
+    :data:`WORKER_HEAD_KIND`, READY), the previous head record moves to the history as
+    ``REPLACED``, and the claim of ``owner``'s ``term`` is released, in one change. Needs
+    the unexpired claim for candidate ``job_id``, and the worker record live and undrained;
+    every record is guarded as read."""
+    name = "install_elected_head"
+    refused = _owned(doc, name, owner, term, now)
+    if refused is not None:
+        return refused
+    assert doc is not None and doc.election is not None
+    record = doc.workers.get(job_id)
+    if doc.election.candidate != job_id:
+        return Refused(name, f"term {term} elects {doc.election.candidate!r}, not job {job_id}")
+    if record is None or record.released or record.drain_deadline is not None:
+        return Refused(name, f"job {job_id} is no longer a live, undrained worker allocation")
+    refused = _head_edge(doc, name)
+    if refused is not None:
+        return refused
+    worker = make_pointer("workers", job_id)
+    raw_worker = doc.model_dump(mode="json", exclude_unset=True)["workers"][job_id]
+    patch: list[Mapping[str, Any]] = [*_holds(owner, term), _unexpired(),
+                                      {"op": "test", "path": worker, "value": raw_worker}]
+    predecessor = doc.allocation
+    if predecessor is None:
+        patch.append({"op": "absent", "path": HEAD})
+    else:
+        raw, history_name, entry = _history_entry(doc, HEAD, REPLACED_STATE)
+        patch += [
+            {"op": "test", "path": HEAD, "value": raw},
+            {"op": "setdefault", "path": "/history", "value": {}},
+            {"op": "add", "path": make_pointer("history", history_name), "value": entry},
+            {"op": "add", "path": make_pointer("history", history_name, "ended_at"),
+             "value_now": 0},
+        ]
+    head = {"kind": WORKER_HEAD_KIND, "job_id": job_id, "token": record.token,
+            "status": "submitted", "config": dict(record.config), "nodes": list(nodes),
+            "ray_address": ray_address, "submitted_at": record.submitted_at,
+            "promoted_from": predecessor.job_id if predecessor is not None else None}
+    return Change(name, (
+        *patch,
+        {"op": "add", "path": HEAD, "value": head},
+        {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
+        *_release(),
+    ))
