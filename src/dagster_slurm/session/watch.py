@@ -64,7 +64,7 @@ class _ReadyWatch:
         if polled.ready is not None:
             if ended:
                 session._retire(job_id, "job_id", state)
-                self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
+                self.out.info(f"Run allocation {job_id} has ended ({state})")
                 return _ENDED
             return parse_ready(polled.ready)
         if ended:
