@@ -3,7 +3,8 @@
 Policy: while a successor is outstanding and the session has no live head (the predecessor
 ended before the promotion), using the session's allocation submits nothing and raises an
 error naming the successor, its state and promote_successor(); a successor that is over
-no longer blocks a new head. Extension points: a subclass's own state, configuration and
+no longer blocks a new head; an allocation that is ending (COMPLETING) is waited out, never
+attached to. Extension points: a subclass's own state, configuration and
 SSH resource stay on the one session object through submission, promotion and attachment,
 every allocation object comes from ``_make_allocation`` and a successor's configuration
 from ``_clone_allocation_config``; resources build sessions of their ``session_class``.
@@ -174,6 +175,30 @@ def test_a_successor_that_is_over_no_longer_blocks_a_new_head() -> None:
     allocation = session.ensure()
     assert allocation.job_id not in (head, successor.job_id) and len(cluster.specs) == 3
     assert cluster.doc()["history"][successor.job_id]["final_state"] == "CANCELLED"
+
+
+def test_an_ending_allocation_is_waited_out_never_attached_to() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.jobs[head].state = JobState.COMPLETING  # its ready file is still there
+    ends_at = cluster.clock.t + 5
+    cluster.clock.at(ends_at, lambda: cluster.end(head, JobState.CANCELLED))
+    fresh, _ = _build(cluster=cluster)
+    with pytest.raises(SessionError, match=f"outstanding successor, job {successor.job_id}"):
+        fresh.ensure()
+    assert cluster.clock.t >= ends_at
+    assert cluster.doc()["history"][head]["final_state"] == "CANCELLED"
+
+
+def test_without_a_successor_an_ending_allocation_is_replaced_once_it_ended() -> None:
+    session, cluster, head = _running_head()
+    cluster.jobs[head].state = JobState.COMPLETING
+    cluster.clock.at(cluster.clock.t + 5, lambda: cluster.end(head, JobState.CANCELLED))
+    cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
+                                                     lambda: cluster.start(job.job_id))
+    fresh, _ = _build(cluster=cluster)
+    assert fresh.ensure().job_id not in (head, "")
+    assert cluster.doc()["history"][head]["final_state"] == "CANCELLED"
 
 
 # -- extension points --------------------------------------------------------------------------
