@@ -102,7 +102,7 @@ RELAY_RUN = """
             assert time.monotonic() < deadline, "the successor never ran"
             time.sleep(0.5)
         first.request_drain()
-        tell(run_id=context.run_id, job_name=session.job_name, first=first.job_id,
+        tell(run_id=context.run.run_id, job_name=session.job_name, first=first.job_id,
              successor=successor.job_id, document=session.paths.document,
              heartbeat=session.paths.heartbeat, phase="drained")
         wait_for("promote", 300)  # the test cancels the drained first allocation meanwhile
@@ -125,16 +125,19 @@ def _facts(marks: Path) -> dict[str, Any]:
 
 
 def _left_alone(instance: dg.DagsterInstance, slurm: Any, run_id: str, heartbeat: Path) -> int:
-    """Reconcile every second until the run has been quiet (no event) for twice the limit;
-    every reconciliation must leave it alone. The heartbeat contents seen meanwhile."""
+    """Reconcile every second for twice the limit and until the run has been quiet (no
+    event) for twice the limit; every reconciliation must leave it alone. The number of
+    heartbeat contents seen meanwhile."""
     contents: set[str] = set()
-    deadline = time.monotonic() + 90
+    start = time.monotonic()
+    deadline = start + 90
     while True:
         assert reconcile_orphaned_slurm_runs(instance, slurm, heartbeat_timeout=ORPHAN_LIMIT,
                                              prune_closed_after=None) == []
         contents.add(heartbeat.read_text())
         quiet = quiet_for(instance, run_id)
-        if quiet is not None and quiet > 2 * ORPHAN_LIMIT:
+        if (quiet is not None and quiet > 2 * ORPHAN_LIMIT
+                and time.monotonic() - start > 2 * ORPHAN_LIMIT):
             return len(contents)
         assert time.monotonic() < deadline, f"the run kept writing events (quiet {quiet} s)"
         time.sleep(1.0)
@@ -225,7 +228,7 @@ def test_the_heartbeat_beats_while_an_asset_waits_for_a_pending_successor(env):
     shared: dict[str, Any] = {}
     queued, outcome = threading.Event(), {}
     waits = _waiting_asset(shared, queued)
-    compute = session_compute("bash", num_nodes=2, cpus_per_task=2, heartbeat_interval=1.0,
+    compute = session_compute("bash", env, num_nodes=2, cpus_per_task=2, heartbeat_interval=1.0,
                               heartbeat_timeout=60.0)
 
     def materialize() -> None:
