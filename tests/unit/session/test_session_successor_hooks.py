@@ -8,10 +8,14 @@ attached to. Extension points: a subclass's own state, configuration and
 SSH resource stay on the one session object through submission, promotion and attachment,
 every allocation object comes from ``_make_allocation`` and a successor's configuration
 from ``_clone_allocation_config``; resources build sessions of their ``session_class``.
+The heartbeat thread beats while the caller waits for a successor and is gone after
+teardown, with or without cancelling.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -273,3 +277,43 @@ def test_resources_build_sessions_of_their_session_class() -> None:
     assert type(SlurmSessionResource(slurm=_slurm()).get_session(other)) is RunSession
     for ctx in (context, other):  # leave this process's registry as it was
         sessions_of_run(ctx.run.run_id)
+
+
+# -- the heartbeat thread ------------------------------------------------------------------------
+def _beating_session() -> tuple[RunSession, FakeCluster]:
+    slurm = _slurm()
+    config = SlurmRunAllocationConfig(**CONFIG, heartbeat_interval=0.02)
+    probe = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None)
+    cluster = FakeCluster(probe.initial_document())
+    session = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None,
+                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
+    cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
+                                                     lambda: cluster.start(job.job_id))
+    return session, cluster
+
+
+def _heartbeat_threads(session: RunSession) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.endswith(session.job_name)]
+
+
+def _beats_reach(cluster: FakeCluster, count: int) -> bool:
+    deadline = time.monotonic() + 10
+    while len(cluster.beats) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_teardown_stops_the_heartbeat_whether_or_not_it_keeps_the_allocations(
+        cancel: bool) -> None:
+    session, cluster = _beating_session()
+    head = session.ensure().job_id
+    successor = session.submit_successor()  # the caller now waits for it: beats go on
+    assert _beats_reach(cluster, len(cluster.beats) + 3)
+    assert len(_heartbeat_threads(session)) == 1
+    session.close(cancel=cancel, reason="test")
+    assert _heartbeat_threads(session) == []  # stopped and joined: no beat follows
+    kept = {head, successor.job_id} - set(cluster.cancelled)
+    assert kept == (set() if cancel else {head, successor.job_id})
