@@ -224,6 +224,7 @@ def _waiting_asset(shared: dict[str, Any], queued: threading.Event) -> dg.Assets
     return waits
 
 
+@pytest.mark.slow
 def test_the_heartbeat_beats_while_an_asset_waits_for_a_pending_successor(env):
     shared: dict[str, Any] = {}
     queued, outcome = threading.Event(), {}
