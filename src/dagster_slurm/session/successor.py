@@ -270,7 +270,7 @@ def _head_refused_message(session: RunSession, record: Allocation,
             f"ended) and an outstanding successor, {which} ({state}); no new allocation is "
             f"submitted while a successor is outstanding: promote it {when} with "
             "session.promote_successor() and use the session again (or cancel the successor "
-            f"to have the next use submit a new allocation)")
+            "to have the next use submit a new allocation)")
 
 
 # -- promotion ---------------------------------------------------------------------------------
