@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
 from pydantic import Field, field_validator, model_validator
@@ -46,6 +46,11 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     The same asset code works in both modes: ``yield from compute.run(context=context,
     payload_path="script.py").get_results()``.
     """
+
+    #: The :class:`RunSession` (sub)class of run-scoped sessions: a resource subclass sets
+    #: it to use site-specific extension points (``_make_allocation``,
+    #: ``_clone_allocation_config``). A class attribute, not configuration.
+    session_class: ClassVar[type[RunSession]] = RunSession
 
     mode: Literal["local", "slurm"] = Field(
         default="local",
@@ -280,6 +285,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             pending=self._pending_policy(),
             poll_interval=self.pipes_poll_interval,
             run_status_interval=self.run_status_interval,
+            session_class=self.session_class,
         )
         if start:
             session.ensure(getattr(context, "log", None))

@@ -55,13 +55,16 @@ def run_session_for(
     pending: Any = None,
     poll_interval: float = 0.25,
     run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
+    session_class: type[RunSession] = RunSession,
 ) -> RunSession:
     """This process's session of the context's run for ``owner``'s settings (a resource with
     ``slurm``, ``pre_deployed_env_path``, ``env_packages`` and ``auto_detect_platform``),
     created on first use; nothing is submitted here. The environment is prepared on the
     session's first need (:func:`~dagster_slurm.jobs.activation.activation_for`). Its waits
     follow the run (:class:`~dagster_slurm.jobs.follow.RunFollower` of the context's instance,
-    every ``run_status_interval`` seconds): they stop once the run is no longer running."""
+    every ``run_status_interval`` seconds): they stop once the run is no longer running.
+    ``session_class``: the class built (a subclass of :class:`RunSession` with site-specific
+    extension points; it takes :class:`RunSession`'s constructor arguments)."""
     from dagster_slurm.jobs.activation import activation_for
     from dagster_slurm.session.successor import publish_run_tag
 
@@ -75,7 +78,7 @@ def run_session_for(
     def factory() -> RunSession:
         follower = RunFollower(getattr(context, "instance", None), run_id,
                                interval=run_status_interval)
-        session = RunSession(
+        session = session_class(
             slurm, run_id, config, launcher, activation=lambda: activation_for(owner, context),
             pending=pending, poll_interval=poll_interval, environment=environment,
             follow=follower.check,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field
@@ -30,7 +30,13 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     ``submit_successor`` / ``promote_successor`` carry the run on in a successor allocation
     (the session's methods of the same names). The
     allocation is cancelled at the run's teardown (see :mod:`dagster_slurm.session.lifecycle`).
+
+    ``session_class`` (a class attribute, not configuration): the :class:`RunSession`
+    subclass a resource subclass builds its sessions with, for site-specific allocations
+    (its ``_make_allocation`` and ``_clone_allocation_config`` extension points).
     """
+
+    session_class: ClassVar[type[RunSession]] = RunSession
 
     slurm: SlurmResource = Field(description="The cluster and its queue defaults.")
     run_allocation: SlurmRunAllocationConfig = Field(
@@ -66,7 +72,8 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
 
         return run_session_for(self, context, self.run_allocation, self.launcher,
                                poll_interval=self.poll_interval,
-                               run_status_interval=self.run_status_interval)
+                               run_status_interval=self.run_status_interval,
+                               session_class=self.session_class)
 
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
         """The run's session in this process, as ``ComputeResource.get_run_allocation_session``

@@ -22,7 +22,12 @@ Every process of a run (each step process under the multiprocess executor) build
   pending) and marks the session closed, after which no process submits for it again.
 * **Successors.** :meth:`RunSession.submit_successor` queues the run's next allocation and
   :meth:`RunSession.promote_successor` makes it the current one (see
-  :mod:`dagster_slurm.session.successor`).
+  :mod:`dagster_slurm.session.successor`). While a successor is outstanding, a session
+  whose allocation ended submits no new one: it asks for the promotion instead.
+* **Extension points.** A subclass keeps its own state on the one session object, across
+  submissions, promotions and attachments; it can override :meth:`RunSession._make_allocation`
+  (every allocation object is made there) and :meth:`RunSession._clone_allocation_config`
+  (a successor's configuration derived from the current allocation's).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ from dagster_slurm.session.errors import (
 )
 from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
-from dagster_slurm.session.successor import SuccessorAllocation
+from dagster_slurm.session.successor import SuccessorAllocation, inherit_config, refuse_new_head
 from dagster_slurm.session.watch import _ENDED, _Heartbeat, _ReadyWatch
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
@@ -298,6 +303,8 @@ class RunSession:
             state = tr.head_state(doc)
             record = doc.allocation if doc is not None else None
             if state is tr.HeadState.ABSENT:
+                if doc is not None:
+                    refuse_new_head(self, doc)  # an outstanding successor: promote it
                 job_id, mine = self._submit(out, doc)
                 if job_id is None:
                     self._pause(waiting.observe(False), "the run allocation's submission")
@@ -404,11 +411,20 @@ class RunSession:
                 self._cancel_quietly(job_id, out)
             raise
 
+    # -- extension points ------------------------------------------------------------------
     def _make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
                        config: Mapping[str, Any] | None = None) -> SlurmAllocation:
         """The allocation object of ``job_id`` (its ready file's ``values``); its drain
         signal is the one of ``config`` (the allocation's recorded configuration; None or
-        empty: the session's)."""
+        empty: the session's).
+
+        Extension point: every allocation object the session hands out is made here, for
+        the allocation it submitted, one it attaches to (another process's, or after a
+        restart) and a promoted successor. A subclass returns a subclass of
+        :class:`SlurmAllocation` (site-specific steps, its own Ray start, extra facts);
+        it has the session (``self``: configuration, ``slurm`` and its SSH connection,
+        launcher, ``follow``) to pass on. ``nodes``: the allocation's hosts, head first;
+        ``values``: its step server's ready file (``head``, ``ray_address``)."""
         signal = (config or {}).get("signal_before_timeout") or self.queue.signal_before_timeout
         return SlurmAllocation(
             self.io.scheduler, self.paths, self.job_name, job_id,  # type: ignore[arg-type]
@@ -417,6 +433,23 @@ class RunSession:
             drain_signal=drain_signal_of(signal) or "TERM",
             poll_interval=self.poll_interval, clock=self.clock, sleep=self.sleep,
         )
+
+    def _clone_allocation_config(self, current: Mapping[str, Any],
+                                 given: SlurmRunAllocationConfig) -> SlurmRunAllocationConfig:
+        """The configuration a successor is submitted with: ``given`` (what the caller
+        passed to :meth:`submit_successor`) completed by ``current`` (the recorded
+        configuration of the allocation it follows, a JSON-able mapping).
+
+        The default fills every field the caller left unset from ``current``, except
+        ``extra_sbatch_directives`` (see
+        :func:`~dagster_slurm.session.successor.inherit_config`). Extension point: a
+        subclass overrides it to carry over operational dependencies the default does not
+        repeat (a license or reservation directive, fields of a
+        :class:`SlurmRunAllocationConfig` subclass) or to refuse a successor. The result
+        is validated like any configuration, recorded with the successor and returned as
+        its ``config``; raise :class:`~dagster_slurm.errors.ConfigurationError` naming the
+        field to refuse."""
+        return inherit_config(current, given)
 
     def _attached(self, job_id: str, values: dict[str, Any], out: _Log, mine: bool) -> SlurmAllocation:
         nodes = tuple(self.io.read_lines(self.paths.nodes(job_id)))

@@ -10,7 +10,10 @@
   except ``extra_sbatch_directives`` (one submission's; empty unless given). Only one
   successor is outstanding: its record is ``/successor`` of the session document, so a
   process started later (another step, a restarted supervisor) finds it, also after its
-  predecessor ended.
+  predecessor ended. While it is outstanding and the session has no live head (the
+  predecessor ended before the promotion), a step that asks for the session's allocation
+  gets a :class:`SessionError` naming the successor and its state instead of a new head
+  allocation (:func:`refuse_new_head`): promoting it is the application's decision.
 * **Promotion** requires a RUNNING successor and no unfinished step of the predecessor
   (requested but not yet started by srun included). It writes the allocation's start
   script, rendered now by the recorded launcher (or ``launcher``) with the recorded
@@ -91,15 +94,18 @@ class SuccessorAllocation:
 def inherit_config(current: Mapping[str, Any], given: SlurmRunAllocationConfig) -> SlurmRunAllocationConfig:
     """``given`` completed by ``current`` (the current allocation's configuration snapshot):
     every field the caller did not set takes the current value, except
-    ``extra_sbatch_directives``, which is ``given``'s (empty unless set). Raises
+    ``extra_sbatch_directives``, which is ``given``'s (empty unless set). The result has
+    ``given``'s class (a subclass of :class:`SlurmRunAllocationConfig` keeps its own fields;
+    keys of ``current`` that class does not know are dropped). Raises
     :class:`ConfigurationError` naming the field when the combination is invalid."""
-    known = SlurmRunAllocationConfig.model_fields
+    cls = type(given)
+    known = cls.model_fields
     values = {key: value for key, value in current.items() if key in known}
     for name in given.model_fields_set:
         values[name] = getattr(given, name)
     values["extra_sbatch_directives"] = list(given.extra_sbatch_directives)
     try:
-        return SlurmRunAllocationConfig(**values)
+        return cls(**values)
     except ValidationError as exc:  # a combination of given and inherited values
         for detail in exc.errors():
             cause = (detail.get("ctx") or {}).get("error")
@@ -131,7 +137,7 @@ def submit_successor(session: RunSession, config: SlurmRunAllocationConfig,
             f"the run session {session.job_name} has no current allocation to queue a "
             "successor behind (it has not been submitted yet, or it ended); use the session "
             "(session.allocation) to get one")
-    merged = inherit_config(head.config or session.config.snapshot(), config)
+    merged = session._clone_allocation_config(head.config or session.config.snapshot(), config)
     predecessor = str(head.job_id)
     token = new_token()
     decided = st.submit_successor(doc, token=token, config=merged.snapshot(),
@@ -208,18 +214,63 @@ def _outstanding_now(session: RunSession) -> str:
     return "another process submitted a successor at the same time; read the session again"
 
 
-def _settle_outstanding(session: RunSession, record: Allocation) -> bool:
+def _settle_outstanding(session: RunSession, record: Allocation,
+                        snapshot: StatusSnapshot | None = None) -> bool:
     """True when the outstanding successor ``record`` is over (it ended, or its submission
-    failed) and was moved to the history; False while it may still run."""
+    failed) and was moved to the history; False while it may still run. ``snapshot``: a
+    squeue of the session's job name already made (None: one is made when needed)."""
     state: str | None = None
     if record.status == "failed":
         state = "failed"
     elif record.status == "submitted" and record.job_id:
-        state = session.io.queue([session.job_name]).ended_state(str(record.job_id))
+        snapshot = snapshot or session.io.queue([session.job_name])
+        state = snapshot.ended_state(str(record.job_id))
     if state is None or record.token is None:
         return False
     decided = st.retire_successor(session.io.read().doc, token=record.token, final_state=state)
     return isinstance(decided, tr.Change) and session.io.apply(decided).ok
+
+
+def refuse_new_head(session: RunSession, doc: SessionDocument) -> None:
+    """Called before a new head allocation would be submitted (the session has none that
+    lives): raises :class:`SessionError` while a successor is outstanding, naming its job
+    id and scheduler state and saying to promote it. Which allocation the run continues in
+    is the application's decision (``promote_successor()``), never a step's side effect. A
+    successor that is over (ended, or its submission failed) is moved to the history and
+    the caller goes on to submit."""
+    record = doc.successor
+    if record is None:
+        return
+    snapshot = None
+    if record.status == "submitted" and record.job_id:
+        snapshot = session.io.queue([session.job_name])
+    if _settle_outstanding(session, record, snapshot):
+        return
+    raise SessionError(_head_refused_message(session, record, snapshot))
+
+
+def _head_refused_message(session: RunSession, record: Allocation,
+                          snapshot: StatusSnapshot | None) -> str:
+    if record.job_id:
+        which = f"job {record.job_id}"
+        if snapshot is None or not snapshot.certain:
+            state = "state unknown: the scheduler did not answer" + (
+                f" ({snapshot.error})" if snapshot is not None and snapshot.error else "")
+        else:
+            observed = snapshot.job(str(record.job_id))
+            state = observed.state.value if observed.state is not None else "not listed by squeue"
+            if observed.reason and observed.state is not JobState.RUNNING:
+                state += f", reason {observed.reason}"
+    else:
+        which, state = f"token {record.token}", f"submission {record.status}"
+    when = ("now" if snapshot is not None and snapshot.certain
+            and snapshot.job(str(record.job_id)).state is JobState.RUNNING
+            else "once it is RUNNING")
+    return (f"the run session {session.job_name} has no live allocation (its allocation "
+            f"ended) and an outstanding successor, {which} ({state}); no new allocation is "
+            f"submitted while a successor is outstanding: promote it {when} with "
+            "session.promote_successor() and use the session again (or cancel the successor "
+            "to have the next use submit a new allocation)")
 
 
 # -- promotion ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dagster_slurm.jobs.pending import PendingTracker
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.allocation import parse_ready
 from dagster_slurm.session.errors import SessionError
+from dagster_slurm.slurm.states import JobState
 
 if TYPE_CHECKING:
     from dagster_slurm.session.session import RunSession
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dagster_slurm.session")
 
 _ENDED: Any = object()
+#: States of an allocation that is ending (it starts no step, whatever its ready file says).
+_ENDING = frozenset({JobState.COMPLETING, JobState.STAGE_OUT})
 
 
 class _ReadyWatch:
@@ -48,7 +51,8 @@ class _ReadyWatch:
 
         While the allocation is pending every poll asks squeue (for its reason); once it
         runs, the ready file is read every poll and squeue every ``CHECK_INTERVAL`` seconds,
-        and always before a ready file is trusted (it may be an ended allocation's)."""
+        and always before a ready file is trusted (it may be an ended allocation's; one of
+        an allocation that is ending, COMPLETING, is waited out until its final state)."""
         session, job_id = self.session, self.job_id
         check = self.running_since is None or session.clock() >= self.next_check
         polled = session.io.poll_ready(session.job_name, job_id, with_status=check)
@@ -64,8 +68,12 @@ class _ReadyWatch:
         if polled.ready is not None:
             if ended:
                 session._retire(job_id, "job_id", state)
-                self.out.info(f"Run allocation {job_id} has ended ({state}); submitting a new one")
+                self.out.info(f"Run allocation {job_id} has ended ({state})")
                 return _ENDED
+            if observed.state in _ENDING:
+                # its ready file is stale: it starts no step any more; wait for its end
+                self.delay = self.backoff.observe(False)
+                return None
             return parse_ready(polled.ready)
         if ended:
             tail = session._log_tail(job_id)
