@@ -42,10 +42,10 @@ from dagster_slurm.jobs.errors import SlurmSubmissionError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
-from dagster_slurm.launchers.script import render_template
 from dagster_slurm.scheduler.client import StatusSnapshot, new_token
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.standby import render_standby
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import successor_transitions as st
 from dagster_slurm.state import transitions as tr
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dagster_slurm.session")
 
-STANDBY_TEMPLATE = "successor_standby.sh"
 #: Run tag holding the job id of the run's current allocation.
 ALLOCATION_TAG = "dagster-slurm/allocation"
 
@@ -179,11 +178,7 @@ def _submission(session: RunSession, config: SlurmRunAllocationConfig,
                                 error=paths.output, chdir=paths.session_dir)
     drain = drain_signal_of(queue.signal_before_timeout) or "TERM"
     timeout = config.heartbeat_timeout
-    standby = render_template(STANDBY_TEMPLATE, {
-        "start_file": f"{submit_dir}/start",
-        "heartbeat_file": paths.heartbeat,
-        "heartbeat_timeout": "" if timeout is None else str(int(timeout)),
-    })
+    standby = render_standby(paths, token, drain, timeout)
     files: dict[str, tuple[str | bytes, int]] = {
         script: (standby, 0o600),
         f"{submit_dir}/step_server.sh": (render_server(paths, token, drain, timeout), 0o600),
