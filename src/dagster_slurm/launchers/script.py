@@ -41,7 +41,7 @@ job directory, environment and activation. It defines ``__ds_skip_if_signalled``
 ``__ds_run_payload`` and ``__ds_finish`` for the launcher's own part."""
 
 _LAUNCHER_NAME = re.compile(r"[a-z_]+")
-_INCLUDE_LINE = re.compile(r"^@@include[ \t]+(?P<name>\S*)[ \t]*$", re.MULTILINE)
+_INCLUDE_LINE = re.compile(r"^@@include(?P<name>(?:[ \t].*)?)$", re.MULTILINE)
 _INCLUDE_NAME = re.compile(r"[a-z0-9_]+\.sh")
 
 
@@ -70,7 +70,7 @@ def expand_includes(name: str, read: Callable[[str], str] = read_template_source
     within = (*_within, name)
 
     def included(match: re.Match[str]) -> str:
-        other = match.group("name")
+        other = match.group("name").strip()
         if _INCLUDE_NAME.fullmatch(other) is None:
             raise ValueError(f"{name}: '@@include {other}' must name a template of this "
                              "package as <name>.sh (lowercase letters, digits, '_'; no path)")

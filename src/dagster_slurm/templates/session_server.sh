@@ -5,7 +5,8 @@
 # allocation has Ray; RAY_ADDRESS is then set) and starts the run's steps as job steps:
 #
 #   * <job dir>/nodes lists the allocation's hosts, <job dir>/ready says the allocation
-#     accepts steps (written once, atomically, with the Ray address when there is one);
+#     accepts steps (written once, atomically, with the Ray address when there is one, and
+#     the drain signal when the allocation was drained before the server started);
 #   * a step is requested by a file requests/<id>.request (seven lines: script, stdout
 #     file, stderr file, status file, drain file, step name, step id file); the server
 #     claims it by renaming it to <id>.taken and starts 'srun --overlap' on the head node in
@@ -146,6 +147,7 @@ scontrol show hostnames "${SLURM_JOB_NODELIST:-$__ss_head}" > "$__ss_job_dir/nod
     printf 'head=%s\n' "$__ss_head"
     printf 'ray_address=%s\n' "${RAY_ADDRESS:-}"
     printf 'started_at=%s\n' "$__ss_started"
+    printf 'drained=%s\n' "$__ss_drained"
 } > "$__ss_job_dir/ready.tmp.$$" && mv -f -- "$__ss_job_dir/ready.tmp.$$" "$__ss_job_dir/ready"
 __ss_log "accepting steps on $__ss_head (allocation $__ss_job${RAY_ADDRESS:+, Ray at $RAY_ADDRESS})"
 
