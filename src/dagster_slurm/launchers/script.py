@@ -57,24 +57,25 @@ def read_template_source(name: str) -> str:
     return source.read_text(encoding="utf-8")
 
 
-def expand_includes(name: str, read: Callable[[str], str] = read_template_source,
-                    _within: tuple[str, ...] = ()) -> str:
+def expand_includes(name: str, read: Callable[[str], str] = read_template_source, *,
+                    within: tuple[str, ...] = ()) -> str:
     """The text of template ``name`` (``read(name)``) with every ``@@include <other>`` line
-    replaced by the expanded text of ``<other>`` (see the module docstring). Raises
-    :class:`ValueError` naming the including template for an include that is not a plain
-    ``<name>.sh`` of lowercase letters, digits and ``_``, or that includes itself (directly
-    or through others)."""
-    if name in _within:
-        raise ValueError(f"{_within[-1]}: '@@include {name}' makes an include cycle "
-                         f"({' -> '.join((*_within, name))}); remove one of the includes")
-    within = (*_within, name)
+    replaced by the expanded text of ``<other>`` (see the module docstring); ``within``: the
+    templates whose includes lead to ``name``, outermost first (empty for a template
+    rendered itself). Raises :class:`ValueError` naming the including template for an
+    include that is not a plain ``<name>.sh`` of lowercase letters, digits and ``_``, or
+    that includes itself (directly or through others)."""
+    if name in within:
+        raise ValueError(f"{within[-1]}: '@@include {name}' makes an include cycle "
+                         f"({' -> '.join((*within, name))}); remove one of the includes")
+    chain = (*within, name)
 
     def included(match: re.Match[str]) -> str:
         other = match.group("name").strip()
         if _INCLUDE_NAME.fullmatch(other) is None:
             raise ValueError(f"{name}: '@@include {other}' must name a template of this "
                              "package as <name>.sh (lowercase letters, digits, '_'; no path)")
-        return expand_includes(other, read, within).rstrip("\n")
+        return expand_includes(other, read, within=chain).rstrip("\n")
 
     return _INCLUDE_LINE.sub(included, read(name))
 

@@ -10,9 +10,10 @@
 # promotion, so Ray starts with the launcher and environment chosen then.
 #
 # Signals while it waits, through the prologue's traps:
-#   * the drain signal (the pre-walltime signal, or the one request_drain() sends) is
-#     recorded in the prologue's drain file and in the allocation's <job dir>/drained, the
-#     file the step server writes on a drain; this shell keeps standing by. Draining is
+#   * the drain signal (the pre-walltime signal, or the same signal sent with
+#     'scancel --signal=<signal> --batch <job id>') is recorded in the prologue's drain
+#     file and in the allocation's <job dir>/drained, the file the step server writes on a
+#     drain; this shell keeps standing by. Draining is
 #     permanent: once promoted, the allocation's step server finds that file and answers
 #     every step "drained, exit 0" without starting it (the promotion itself goes ahead);
 #   * TERM, INT or HUP that is not the drain signal ends the standby, status 128+N (a
