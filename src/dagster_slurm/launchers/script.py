@@ -10,6 +10,13 @@ in two kinds, kept apart by :func:`render_template`:
 * ``fragments``: text rendered from another template of this package (a prologue), put
   in as is.
 
+A template may include another one: a line that reads exactly ``@@include <name>`` is
+replaced by the text of template ``<name>`` (itself expanded the same way) before any value
+is filled in. The included text's placeholders are then placeholders of the including
+template, filled by the same ``words`` and ``fragments`` under the same quoting rules; an
+include names a file of this package only (no path), and an include cycle is an error. Shell
+code shared by several scripts (the heartbeat clock) lives in such an included template.
+
 Every placeholder of a template must receive a value and every value must be used, so a
 typo fails loudly instead of leaving a hole in a script.
 """
@@ -18,7 +25,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from string import Template
@@ -34,6 +41,8 @@ job directory, environment and activation. It defines ``__ds_skip_if_signalled``
 ``__ds_run_payload`` and ``__ds_finish`` for the launcher's own part."""
 
 _LAUNCHER_NAME = re.compile(r"[a-z_]+")
+_INCLUDE_LINE = re.compile(r"^@@include(?P<name>(?:[ \t].*)?)$", re.MULTILINE)
+_INCLUDE_NAME = re.compile(r"[a-z0-9_]+\.sh")
 
 
 class ScriptTemplate(Template):
@@ -42,11 +51,39 @@ class ScriptTemplate(Template):
     delimiter = "@@"
 
 
+def read_template_source(name: str) -> str:
+    """The text of template file ``name`` from package data, includes not yet expanded."""
+    source = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR).joinpath(name)
+    return source.read_text(encoding="utf-8")
+
+
+def expand_includes(name: str, read: Callable[[str], str] = read_template_source, *,
+                    within: tuple[str, ...] = ()) -> str:
+    """The text of template ``name`` (``read(name)``) with every ``@@include <other>`` line
+    replaced by the expanded text of ``<other>`` (see the module docstring); ``within``: the
+    templates whose includes lead to ``name``, outermost first (empty for a template
+    rendered itself). Raises :class:`ValueError` naming the including template for an
+    include that is not a plain ``<name>.sh`` of lowercase letters, digits and ``_``, or
+    that includes itself (directly or through others)."""
+    if name in within:
+        raise ValueError(f"{within[-1]}: '@@include {name}' makes an include cycle "
+                         f"({' -> '.join((*within, name))}); remove one of the includes")
+    chain = (*within, name)
+
+    def included(match: re.Match[str]) -> str:
+        other = match.group("name").strip()
+        if _INCLUDE_NAME.fullmatch(other) is None:
+            raise ValueError(f"{name}: '@@include {other}' must name a template of this "
+                             "package as <name>.sh (lowercase letters, digits, '_'; no path)")
+        return expand_includes(other, read, within=chain).rstrip("\n")
+
+    return _INCLUDE_LINE.sub(included, read(name))
+
+
 @cache
 def load_template(name: str) -> ScriptTemplate:
-    """The template file ``name`` from package data."""
-    source = resources.files(TEMPLATE_PACKAGE).joinpath(TEMPLATE_DIR).joinpath(name)
-    return ScriptTemplate(source.read_text(encoding="utf-8"))
+    """The template file ``name`` from package data, its includes expanded."""
+    return ScriptTemplate(expand_includes(name))
 
 
 def template_names(template: ScriptTemplate) -> frozenset[str]:

@@ -26,7 +26,15 @@
   ``REPLACED``: a step prepared against it is refused with
   :class:`~dagster_slurm.session.errors.SlurmAllocationEnded`), updates the run tag
   ``dagster-slurm/allocation`` and cancels the predecessor. Calling it again after a
-  completed promotion publishes the tag and cancels the predecessor again, nothing else.
+  completed promotion publishes the tag and cancels the predecessor again, nothing else; the
+  tag is never set back from an allocation promoted later, whose steps tag the run with it
+  (:mod:`dagster_slurm.session.run_tags`).
+* **A drain before promotion.** The standby records the drain signal (Slurm's pre-walltime
+  signal, or ``scancel --signal``) in ``jobs/<job id>/drained`` and keeps waiting. Promotion
+  of such a successor goes ahead (its Ray cluster starts, it becomes the head, the
+  predecessor is released) and logs a warning; as in any drained allocation, every step
+  started in it returns a drained outcome without running (draining is permanent), so the
+  caller's relay loop queues the next successor.
 """
 
 from __future__ import annotations
@@ -45,10 +53,11 @@ from dagster_slurm.jobs.errors import SlurmSubmissionError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
-from dagster_slurm.launchers.script import render_template
 from dagster_slurm.scheduler.client import StatusSnapshot, new_token
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.run_tags import publish_promoted
+from dagster_slurm.session.standby import render_standby
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import successor_transitions as st
 from dagster_slurm.state import transitions as tr
@@ -60,7 +69,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dagster_slurm.session")
 
-STANDBY_TEMPLATE = "successor_standby.sh"
 #: Run tag holding the job id of the run's current allocation.
 ALLOCATION_TAG = "dagster-slurm/allocation"
 
@@ -185,11 +193,7 @@ def _submission(session: RunSession, config: SlurmRunAllocationConfig,
                                 error=paths.output, chdir=paths.session_dir)
     drain = drain_signal_of(queue.signal_before_timeout) or "TERM"
     timeout = config.heartbeat_timeout
-    standby = render_template(STANDBY_TEMPLATE, {
-        "start_file": f"{submit_dir}/start",
-        "heartbeat_file": paths.heartbeat,
-        "heartbeat_timeout": "" if timeout is None else str(int(timeout)),
-    })
+    standby = render_standby(paths, token, drain, timeout)
     files: dict[str, tuple[str | bytes, int]] = {
         script: (standby, 0o600),
         f"{submit_dir}/step_server.sh": (render_server(paths, token, drain, timeout), 0o600),
@@ -314,6 +318,10 @@ def promote_successor(session: RunSession, launcher: ComputeLauncher | None = No
              + (f" (replacing {predecessor})" if predecessor else "")
              + f" (nodes {','.join(nodes) or '?'}"
              + (f", Ray at {ray_address}" if ray_address else "") + ")")
+    if values.get("drained"):
+        out.warning(f"The successor allocation {job_id} was drained ({values['drained']}) "
+                    "before its promotion: its steps return drained outcomes without running; "
+                    "submit another successor for the remaining work")
     _finish(session, job_id, predecessor, out)
     return allocation
 
@@ -429,9 +437,7 @@ def _finish(session: RunSession, job_id: str, predecessor: str | None, out: Prog
     """Publish the run tag of ``job_id`` and cancel the ``predecessor`` unless a step still
     runs in it (one admitted in the moment between the last check and the publication;
     best effort: both are repeated by calling promote_successor() again)."""
-    publish = session.publish_allocation
-    if publish is not None:
-        publish(job_id)
+    publish_promoted(session, job_id, out)
     if predecessor is None:
         return
     try:

@@ -40,7 +40,6 @@ __ds_interrupted=""
 __ds_finished=""
 __ds_rc=0
 __ds_watchdog_pid=""
-__ds_now=0
 
 __ds_log() {
     printf 'dagster-slurm: %s\n' "$*" >&2
@@ -65,37 +64,19 @@ __ds_finish() {
     exit "$1"
 }
 
-# Seconds since boot into __ds_now: a monotonic clock, unmoved by changes of the node's
-# wall clock (bash's own SECONDS where /proc/uptime cannot be read). No subprocess.
-__ds_clock() {
-    local up=""
-    { IFS=' ' read -r up _ < /proc/uptime; } 2>/dev/null || :
-    up=${up%%.*}
-    case $up in
-        '' | *[!0-9]*) __ds_now=$SECONDS ;;
-        *) __ds_now=$up ;;
-    esac
-}
+@@include heartbeat_clock.sh
 
-# The dead-man's switch (see the header), run in the background. The content read first
-# counts as a change; a missing or empty file is no change. Only TERM (from this script,
-# or from Slurm ending the job) stops it.
+# The dead-man's switch (see the header), run in the background, with the heartbeat clock
+# (__hb_stale). Only TERM (from this script, or from Slurm ending the job) stops it.
 __ds_watchdog() {
-    local seen="" content changed nap=""
+    local nap=""
     trap '[ -z "$nap" ] || kill "$nap" 2>/dev/null; exit 0' TERM
     trap '' INT HUP
     [ "$__ds_drain_signal" = TERM ] || trap '' "$__ds_drain_signal"
-    __ds_clock
-    changed=$__ds_now
+    __hb_start
     while kill -0 "$$" 2>/dev/null; do
-        content=""
-        { IFS= read -r content < "$__ds_heartbeat_file"; } 2>/dev/null || :
-        __ds_clock
-        if [ -n "$content" ] && [ "$content" != "$seen" ]; then
-            seen=$content
-            changed=$__ds_now
-        elif [ $((__ds_now - changed)) -gt "$__ds_heartbeat_timeout" ]; then
-            __ds_log "no heartbeat from the waiting step for $((__ds_now - changed)) s" \
+        if __hb_stale "$__ds_heartbeat_file" "$__ds_heartbeat_timeout"; then
+            __ds_log "no heartbeat from the waiting step for $__hb_age s" \
                 "(the content of $__ds_heartbeat_file has not changed; limit" \
                 "$__ds_heartbeat_timeout s): its supervising process seems gone;" \
                 "cancelling job ${SLURM_JOB_ID:-}"

@@ -5,7 +5,8 @@
 # allocation has Ray; RAY_ADDRESS is then set) and starts the run's steps as job steps:
 #
 #   * <job dir>/nodes lists the allocation's hosts, <job dir>/ready says the allocation
-#     accepts steps (written once, atomically, with the Ray address when there is one);
+#     accepts steps (written once, atomically, with the Ray address when there is one, and
+#     the drain signal when the allocation was drained before the server started);
 #   * a step is requested by a file requests/<id>.request (seven lines: script, stdout
 #     file, stderr file, status file, drain file, step name, step id file); the server
 #     claims it by renaming it to <id>.taken and starts 'srun --overlap' on the head node in
@@ -19,7 +20,9 @@
 #     signal as soon as it has (a step without a step id file is looked up by its name in
 #     squeue). The batch shell, the Ray head and worker steps are not signalled: the
 #     allocation stays alive. After the drain every new request is answered "drained, exit
-#     0" without starting anything (draining is permanent for the allocation);
+#     0" without starting anything (draining is permanent for the allocation). A drained
+#     file found at startup (a successor drained while it stood by for its promotion, see
+#     successor_standby.sh) counts as a drain before the first step;
 #   * a step whose srun ended without the step writing its status gets srun's status;
 #   * with a heartbeat limit, the allocation cancels itself once the CONTENT of the
 #     supervisors' heartbeat file (each beat writes a new value) has not changed for that
@@ -42,9 +45,7 @@ __ss_head=${SLURMD_NODENAME:-$(hostname)}
 __ss_drained=""
 __ss_leaving=""
 __ss_started=$(date +%s)
-__ss_now=0
 __ss_last_check=0
-__ss_heartbeat_seen=""
 declare -A __ss_pids=()
 declare -A __ss_status=()
 declare -A __ss_killed_at=()
@@ -57,19 +58,8 @@ __ss_log() {
     printf 'dagster-slurm: step server: %s\n' "$*" >&2
 }
 
-# Seconds since boot into __ss_now: a monotonic clock, unmoved by changes of the node's
-# wall clock (bash's own SECONDS where /proc/uptime cannot be read). No subprocess.
-__ss_clock() {
-    local up=""
-    { IFS=' ' read -r up _ < /proc/uptime; } 2>/dev/null || :
-    up=${up%%.*}
-    case $up in
-        '' | *[!0-9]*) __ss_now=$SECONDS ;;
-        *) __ss_now=$up ;;
-    esac
-}
-__ss_clock
-__ss_heartbeat_changed=$__ss_now
+@@include heartbeat_clock.sh
+__hb_start
 
 __ss_write_atomic() {
     printf '%s\n' "$2" > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"
@@ -108,11 +98,11 @@ __ss_step_id() {
 __ss_deliver_drain() {
     local id
     [ -n "$__ss_drained" ] || return 0
-    __ss_clock
+    __hb_clock
     for id in "${!__ss_pids[@]}"; do
         [ -z "${__ss_drain_sent[$id]-}" ] || continue
-        [ "${__ss_drain_tried[$id]-x}" != "$__ss_now" ] || continue
-        __ss_drain_tried[$id]=$__ss_now
+        [ "${__ss_drain_tried[$id]-x}" != "$__hb_now" ] || continue
+        __ss_drain_tried[$id]=$__hb_now
         __ss_step_id "$id"
         [ -n "$__ss_stepid" ] || continue
         if scancel "--signal=$__ss_drain_signal" "$__ss_job.$__ss_stepid" 2>/dev/null; then
@@ -142,6 +132,14 @@ mkdir -p -- "$__ss_requests" || {
     exit 125
 }
 ln -sfn -- "$__ss_launch_dir" "$__ss_job_dir/launch" 2>/dev/null || :
+# A drain recorded before this server started (a successor's standby records the drain
+# signal it gets before its promotion) holds for the whole allocation: no step starts.
+if [ -e "$__ss_job_dir/drained" ]; then
+    { IFS= read -r __ss_drained < "$__ss_job_dir/drained"; } 2>/dev/null || :
+    case $__ss_drained in '' | *[!A-Z0-9]*) __ss_drained=$__ss_drain_signal ;; esac
+    __ss_log "allocation $__ss_job was drained ($__ss_drained) before this server started;" \
+        "new steps are not started"
+fi
 scontrol show hostnames "${SLURM_JOB_NODELIST:-$__ss_head}" > "$__ss_job_dir/nodes.tmp.$$" \
     && mv -f -- "$__ss_job_dir/nodes.tmp.$$" "$__ss_job_dir/nodes"
 {
@@ -149,6 +147,7 @@ scontrol show hostnames "${SLURM_JOB_NODELIST:-$__ss_head}" > "$__ss_job_dir/nod
     printf 'head=%s\n' "$__ss_head"
     printf 'ray_address=%s\n' "${RAY_ADDRESS:-}"
     printf 'started_at=%s\n' "$__ss_started"
+    printf 'drained=%s\n' "$__ss_drained"
 } > "$__ss_job_dir/ready.tmp.$$" && mv -f -- "$__ss_job_dir/ready.tmp.$$" "$__ss_job_dir/ready"
 __ss_log "accepting steps on $__ss_head (allocation $__ss_job${RAY_ADDRESS:+, Ray at $RAY_ADDRESS})"
 
@@ -199,8 +198,8 @@ __ss_reap() {
 # Cancel requests: TERM to the step's srun at once, KILL 10 s later.
 __ss_cancels() {
     local file id now
-    __ss_clock
-    now=$__ss_now
+    __hb_clock
+    now=$__hb_now
     for file in "$__ss_requests"/*.cancel; do
         [ -e "$file" ] || continue
         id=${file##*/}
@@ -220,22 +219,15 @@ __ss_cancels() {
 }
 
 # The dead-man's switch: heartbeat content unchanged for longer than the limit (by this
-# server's monotonic clock) cancels the allocation. The content read when the server starts
-# counts as a change then; a missing or empty file is no change.
+# server's monotonic clock, checked every 2 s) cancels the allocation; see the heartbeat
+# clock (__hb_stale). The content read when the server starts counts as a change then.
 __ss_check_heartbeat() {
-    local content="" age
     [ -n "$__ss_heartbeat_timeout" ] || return 0
-    __ss_clock
-    [ $((__ss_now - __ss_last_check)) -ge 2 ] || return 0
-    __ss_last_check=$__ss_now
-    { IFS= read -r content < "$__ss_heartbeat_file"; } 2>/dev/null || :
-    if [ -n "$content" ] && [ "$content" != "$__ss_heartbeat_seen" ]; then
-        __ss_heartbeat_seen=$content
-        __ss_heartbeat_changed=$__ss_now
-    fi
-    age=$((__ss_now - __ss_heartbeat_changed))
-    if [ "$age" -gt "$__ss_heartbeat_timeout" ]; then
-        __ss_log "no supervisor heartbeat for $age s (the heartbeat file's content has not" \
+    __hb_clock
+    [ $((__hb_now - __ss_last_check)) -ge 2 ] || return 0
+    __ss_last_check=$__hb_now
+    if __hb_stale "$__ss_heartbeat_file" "$__ss_heartbeat_timeout"; then
+        __ss_log "no supervisor heartbeat for $__hb_age s (the heartbeat file's content has not" \
             "changed; limit $__ss_heartbeat_timeout s);" \
             "cancelling allocation $__ss_job"
         __ss_write_atomic "$__ss_job_dir/ended_by" "heartbeat"
