@@ -53,7 +53,7 @@ def work_dir_of(config: RelayConfig, compute: ComputeResource, run_id: str) -> s
 @dg.asset(description="Work units processed over as many Slurm allocations as it takes.")
 def relayed_units(context: dg.AssetExecutionContext, config: RelayConfig,
                   compute: ComputeResource) -> dg.MaterializeResult:
-    work_dir = work_dir_of(config, compute, context.run_id)
+    work_dir = work_dir_of(config, compute, context.run.run_id)
     outcome = run_relay(
         context, compute, str(PAYLOAD),
         {"work_dir": work_dir, "units": config.units, "unit_seconds": config.unit_seconds},

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -175,59 +175,68 @@ class RelayOutcome:
         return counts
 
 
+def run_payload(context: dg.AssetExecutionContext, compute: ComputeResource, payload: str,
+                extras: Mapping[str, Any], watch: Watch | None) -> tuple[Any, SlurmStepDrained | None]:
+    """One ``compute.run`` of the payload while ``watch`` (None: none) applies the policy;
+    the completed invocation, and the drain (None: the payload was not drained)."""
+    if watch is not None:
+        watch.start()
+    try:
+        signal = watch.allocation.drain_signal if watch is not None else "TERM"
+        invocation = compute.run(context=context, payload_path=payload, extras=dict(extras),
+                                 extra_env={"DRAIN_SIGNAL": signal}, defer_cleanup=True)
+        return invocation, None
+    except SlurmStepDrained as drained:  # exit code 0 too: a drain is never a success
+        return drained.invocation, drained
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def round_entry(allocation: SlurmAllocation | None, drained: SlurmStepDrained | None,
+                reports: Sequence[Any], watch: Watch | None) -> dict[str, Any]:
+    """What one payload run did, for the asset's metadata."""
+    report = completion_report(reports)
+    units = [r for r in reports if isinstance(r, Mapping) and "unit" in r]
+    requested = watch.drain_requested_with if watch is not None else None
+    return {
+        "allocation": allocation.job_id if allocation is not None else "local",
+        "drained": drained is not None,
+        "exit_code": drained.result.exit_code if drained is not None else 0,
+        "units": [r["unit"] for r in units if not r.get("duplicate")],
+        "duplicates": [r["unit"] for r in units if r.get("duplicate")],
+        "remaining": None if report is None else report["remaining"],
+        "successor_at_drain": requested.value if requested is not None else None,
+    }
+
+
 def run_relay(context: dg.AssetExecutionContext, compute: ComputeResource, payload: str,
-              extras: Mapping[str, Any], policy: RelayPolicy, max_rounds: int = 10,
-              on_round: Callable[[dict[str, Any]], None] | None = None) -> RelayOutcome:
+              extras: Mapping[str, Any], policy: RelayPolicy, max_rounds: int = 10) -> RelayOutcome:
     """Run ``payload`` until its completion report says no unit remains, in the run's
-    allocation and its successors. Raises when the work is not done after ``max_rounds``
-    payload runs, or when a payload exits without a completion report while not drained."""
+    allocation and its successors. Raises when work remains after ``max_rounds`` payload
+    runs, or when a payload that was not drained ends without reporting completion."""
     outcome = RelayOutcome()
-    local = compute.mode == "local"  # no walltime to carry past: one run does it all
-    session = None if local else compute.get_run_allocation_session(context)
+    # Local mode has no walltime to carry past: one payload run does all the units.
+    session = None if compute.mode == "local" else compute.get_run_allocation_session(context)
     successor = None
     for _round in range(max_rounds):
-        allocation = None if session is None else session.allocation
+        allocation = session.allocation if session is not None else None
         watch = None
         if session is not None and allocation is not None:
             watch = Watch(session, allocation, policy, successor, context.log)
-            watch.start()
-        drained = None
-        try:
-            invocation = compute.run(
-                context=context, payload_path=payload, extras=dict(extras),
-                extra_env={"DRAIN_SIGNAL": allocation.drain_signal if allocation else "TERM"},
-                defer_cleanup=True,
-            )
-        except SlurmStepDrained as exc:
-            drained, invocation = exc, exc.invocation
-        finally:
-            if watch is not None:
-                successor = watch.stop()
+        invocation, drained = run_payload(context, compute, payload, extras, watch)
+        successor = watch.successor if watch is not None else None
         reports = invocation.get_custom_messages()
+        outcome.rounds.append(round_entry(allocation, drained, reports, watch))
         report = completion_report(reports)
-        entry = {
-            "allocation": allocation.job_id if allocation else "local",
-            "drained": drained is not None,
-            "exit_code": drained.result.exit_code if drained else 0,
-            "units": [r["unit"] for r in reports
-                      if isinstance(r, Mapping) and "unit" in r and not r.get("duplicate")],
-            "duplicates": [r["unit"] for r in reports if isinstance(r, Mapping) and r.get("duplicate")],
-            "remaining": None if report is None else report["remaining"],
-            "successor_at_drain": (watch.drain_requested_with.value
-                                   if watch and watch.drain_requested_with else None),
-        }
-        outcome.rounds.append(entry)
-        if on_round is not None:
-            on_round(entry)
         if report is not None and report["remaining"] == 0:
             compute.cleanup_deferred_run_dir(context)  # every round's files, drained ones too
             return outcome
         if drained is None or session is None or allocation is None:
-            raise RuntimeError(f"the payload exited with code 0 but reported "
-                               f"{'no completion' if report is None else report}; "
-                               "its files are kept for inspection")
-        context.log.info(f"Allocation {allocation.job_id} drained with "
-                         f"{entry['remaining'] if report else 'unknown'} unit(s) remaining")
+            raise RuntimeError(f"the payload ended with exit code 0 but reported "
+                               f"{report or 'no completion'}; its files are kept")
+        context.log.info(f"Allocation {allocation.job_id} drained; remaining units: "
+                         f"{report['remaining'] if report else 'not reported'}")
         if successor is None:  # drained before the policy queued one
             successor = session.submit_successor(policy.successor_config(), logger=context.log)
         hand_over(session, allocation, successor, policy.start_timeout, context.log)

@@ -62,6 +62,7 @@ def test_request_drain_with_the_successor_pending_relays_every_unit_once(env):
         assert result.success
         (materialization,) = result.asset_materializations_for_node("relayed_units")
         first, second = materialization.metadata["rounds"].value  # two payload runs
+        print(f"rounds: {first} / {second}")
         # the first drained on request, with the successor still queued behind it
         assert first["drained"] and first["exit_code"] == 0
         assert first["successor_at_drain"] == "PENDING"
