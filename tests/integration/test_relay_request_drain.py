@@ -14,6 +14,7 @@ both allocations did part of the work.
 import json
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -39,7 +40,16 @@ def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
 
 
+def _jobs_in_partition(env: dict[str, str], partition: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-p", partition, "-o", "%i %j %T"], capture_output=True,
+                         text=True, check=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout
+    return out.splitlines()
+
+
 def test_request_drain_with_the_successor_pending_relays_every_unit_once(env):
+    # the test needs the whole partition: a job left there would keep the first allocation queued
+    wait_until(lambda: not _jobs_in_partition(env, "cpu"), 60,
+               f"partition cpu to be free (jobs: {_jobs_in_partition(env, 'cpu')})")
     # cpus=2 and 2500M per node: an allocation of two nodes fills the partition
     slurm = slurm_resource(env, cpus=2, mem="2500M")
     work = f"{slurm.base_path()}/test-marks/relay-drain-{uuid.uuid4().hex[:8]}"  # every node sees it
