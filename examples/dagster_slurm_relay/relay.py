@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -123,7 +123,8 @@ class Watch(threading.Thread):
 
 
 def hand_over(session: RunSession, predecessor: SlurmAllocation, successor: Any,
-              timeout: float, log: Any) -> SlurmAllocation:
+              timeout: float, log: Any, *, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> SlurmAllocation:
     """Make ``successor`` the session's allocation once ``predecessor``'s payload returned
     drained.
 
@@ -136,7 +137,7 @@ def hand_over(session: RunSession, predecessor: SlurmAllocation, successor: Any,
         predecessor.scheduler.cancel([predecessor.job_id])
         log.info(f"Released drained allocation {predecessor.job_id}: successor "
                  f"{successor.job_id} is PENDING")
-    deadline = time.monotonic() + timeout
+    deadline = clock() + timeout
     pause = 1.0
     while True:
         state = successor.state()  # None: the scheduler did not say; ask again
@@ -146,10 +147,10 @@ def hand_over(session: RunSession, predecessor: SlurmAllocation, successor: Any,
             raise RuntimeError(f"successor allocation {successor.job_id} ended ({state.value}) "
                                "before it started; the committed units are kept, re-execute "
                                "the run to continue")
-        if time.monotonic() > deadline:
+        if clock() > deadline:
             raise RuntimeError(f"successor allocation {successor.job_id} did not start within "
                                f"{timeout:g} s; teardown cancels it")
-        time.sleep(pause)
+        sleep(pause)
         pause = min(pause * 1.5, 15.0)
 
 

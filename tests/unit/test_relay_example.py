@@ -19,9 +19,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from dagster_slurm_relay import defs  # noqa: E402
 from dagster_slurm_relay.definitions import relayed_units  # noqa: E402
-from dagster_slurm_relay.relay import RelayPolicy, completion_report  # noqa: E402
+from dagster_slurm_relay.relay import RelayPolicy, Watch, completion_report, hand_over  # noqa: E402
 
-from dagster_slurm import ComputeResource  # noqa: E402
+from dagster_slurm import ComputeResource, JobState  # noqa: E402
 
 
 def test_the_definitions_load() -> None:
@@ -79,6 +79,102 @@ def test_completion_report_is_the_last_remaining_report() -> None:
     assert completion_report([{"unit": 1}, "text"]) is None
     reports = [{"remaining": 5}, {"unit": 2}, {"remaining": 0, "processed": 1}]
     assert completion_report(reports) == {"remaining": 0, "processed": 1}
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, text: str) -> None:
+        self.lines.append(text)
+
+    warning = info
+
+
+class _Successor:
+    """A successor whose scheduler states are given in order (the last one repeats)."""
+
+    def __init__(self, *states: JobState | None) -> None:
+        self.job_id, self.states = "102", list(states)
+
+    def state(self) -> JobState | None:
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+
+class _Cluster:
+    """The session, allocation and scheduler calls the policy makes, recorded."""
+
+    def __init__(self, end_time: str | None, successor: _Successor | None = None) -> None:
+        self.job_id, self.end_time, self.drain_signal = "101", end_time, "TERM"
+        self.calls: list[str] = []
+        self.successor = successor or _Successor(JobState.PENDING)
+        self.scheduler = self
+
+    def submit_successor(self, config, logger=None):  # noqa: ANN001, ANN201
+        self.calls.append(f"submit {config.time_limit}")
+        return self.successor
+
+    def request_drain(self) -> None:
+        self.calls.append("drain")
+
+    def cancel(self, job_ids) -> None:  # noqa: ANN001
+        self.calls.append(f"cancel {','.join(job_ids)}")
+
+    def promote_successor(self, logger=None):  # noqa: ANN001, ANN201
+        self.calls.append("promote")
+        return "promoted"
+
+
+def _in(seconds: float) -> str:
+    return datetime.fromtimestamp(datetime.now().timestamp() + seconds).isoformat(timespec="seconds")
+
+
+def test_the_watch_queues_the_successor_then_drains_when_the_end_comes_near() -> None:
+    policy = RelayPolicy(successor_lead=600, drain_lead=120, successor_time_limit="01:00:00")
+    far = _Cluster(_in(3600))
+    Watch(far, far, policy, None, _Log()).check()
+    assert far.calls == []  # an hour left: nothing yet
+    near = _Cluster(_in(300))
+    watch = Watch(near, near, policy, None, _Log())
+    watch.check()
+    assert near.calls == ["submit 01:00:00"] and watch.successor is near.successor
+    near.end_time = _in(60)
+    watch.check()
+    watch.check()
+    assert near.calls == ["submit 01:00:00", "drain"]  # once: a drain is final
+    assert watch.drain_requested_with is JobState.PENDING
+
+
+def test_the_watch_decides_nothing_without_an_end_time() -> None:
+    cluster = _Cluster(None)
+    Watch(cluster, cluster, RelayPolicy(successor_lead=1e9, drain_lead=1e9), None, _Log()).check()
+    assert cluster.calls == []
+
+
+def test_hand_over_releases_the_drained_predecessor_while_the_successor_is_pending() -> None:
+    cluster = _Cluster(None, _Successor(JobState.PENDING, JobState.PENDING, None, JobState.RUNNING))
+    naps: list[float] = []
+    assert hand_over(cluster, cluster, cluster.successor, 60, _Log(), sleep=naps.append) == "promoted"
+    assert cluster.calls == ["cancel 101", "promote"] and len(naps) == 2
+
+
+def test_hand_over_leaves_the_release_to_promotion_for_a_running_successor() -> None:
+    cluster = _Cluster(None, _Successor(JobState.RUNNING))
+    assert hand_over(cluster, cluster, cluster.successor, 60, _Log(), sleep=lambda _s: None)
+    assert cluster.calls == ["promote"]
+
+
+def test_hand_over_gives_up_on_a_successor_that_ended_or_never_starts() -> None:
+    ended = _Cluster(None, _Successor(JobState.PENDING, JobState.CANCELLED))
+    with pytest.raises(RuntimeError, match="ended \\(CANCELLED\\) before it started"):
+        hand_over(ended, ended, ended.successor, 60, _Log(), sleep=lambda _s: None)
+    assert "promote" not in ended.calls
+    now = [0.0]
+    queued = _Cluster(None, _Successor(JobState.PENDING))
+    with pytest.raises(RuntimeError, match="did not start within 30 s; teardown cancels it"):
+        hand_over(queued, queued, queued.successor, 30, _Log(), clock=lambda: now[0],
+                  sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert "promote" not in queued.calls
 
 
 QUOTE = re.compile(r"<!-- quoted from (?P<path>\S+) -->\n```python\n(?P<code>.*?)\n```", re.S)
