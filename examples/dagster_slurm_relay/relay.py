@@ -8,14 +8,13 @@ application's to choose and change:
   ``end_time`` and queue the successor when the end is near (and, optionally, request the
   drain at a time of our choosing instead of waiting for Slurm's pre-walltime signal);
 * :func:`run_relay`: run the payload, decide from its completion report whether work
-  remains, hand over to the successor (:func:`hand_over`) and run it again.
+  remains, hand over to the successor (``promote_successor(wait=...)``) and run it again.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -122,38 +121,6 @@ class Watch(threading.Thread):
         return self.successor
 
 
-def hand_over(session: RunSession, predecessor: SlurmAllocation, successor: Any,
-              timeout: float, log: Any, *, clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep) -> SlurmAllocation:
-    """Make ``successor`` the session's allocation once ``predecessor``'s payload returned
-    drained.
-
-    A drained allocation starts no more payloads, so while the successor is PENDING (for
-    example because it waits for the very nodes the predecessor holds) the predecessor is
-    released at once. Promotion requires a RUNNING successor: wait for that, then promote
-    (which starts Ray in the successor, if the launcher is a RayLauncher, and would release
-    a predecessor still running)."""
-    if successor.state() is JobState.PENDING:
-        predecessor.scheduler.cancel([predecessor.job_id])
-        log.info(f"Released drained allocation {predecessor.job_id}: successor "
-                 f"{successor.job_id} is PENDING")
-    deadline = clock() + timeout
-    pause = 1.0
-    while True:
-        state = successor.state()  # None: the scheduler did not say; ask again
-        if state is JobState.RUNNING:
-            return session.promote_successor(logger=log)
-        if state is not None and state.terminal:
-            raise RuntimeError(f"successor allocation {successor.job_id} ended ({state.value}) "
-                               "before it started; the committed units are kept, re-execute "
-                               "the run to continue")
-        if clock() > deadline:
-            raise RuntimeError(f"successor allocation {successor.job_id} did not start within "
-                               f"{timeout:g} s; teardown cancels it")
-        sleep(pause)
-        pause = min(pause * 1.5, 15.0)
-
-
 def completion_report(reports: Sequence[Any]) -> Mapping[str, Any] | None:
     """The payload's last ``{"remaining": ...}`` report; None when it sent none (a payload
     drained before it started, or one that broke off: exit code 0 proves nothing)."""
@@ -240,7 +207,9 @@ def run_relay(context: dg.AssetExecutionContext, compute: ComputeResource, paylo
                          f"{report['remaining'] if report else 'not reported'}")
         if successor is None:  # drained before the policy queued one
             successor = session.submit_successor(policy.successor_config(), logger=context.log)
-        hand_over(session, allocation, successor, policy.start_timeout, context.log)
+        # Waits for the successor to run (releasing the drained allocation, whose nodes it
+        # may need), starts it and makes it the session's allocation.
+        session.promote_successor(wait=policy.start_timeout, logger=context.log)
         successor = None
     raise RuntimeError(f"work remains after {max_rounds} payload runs; re-execute the run "
                        "to continue from the committed units")

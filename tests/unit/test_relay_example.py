@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from dagster_slurm_relay import defs  # noqa: E402
 from dagster_slurm_relay.definitions import relayed_units  # noqa: E402
-from dagster_slurm_relay.relay import RelayPolicy, Watch, completion_report, hand_over  # noqa: E402
+from dagster_slurm_relay.relay import RelayPolicy, Watch, completion_report  # noqa: E402
 
 from dagster_slurm import ComputeResource, JobState  # noqa: E402
 
@@ -149,32 +149,6 @@ def test_the_watch_decides_nothing_without_an_end_time() -> None:
     cluster = _Cluster(None)
     Watch(cluster, cluster, RelayPolicy(successor_lead=1e9, drain_lead=1e9), None, _Log()).check()
     assert cluster.calls == []
-
-
-def test_hand_over_releases_the_drained_predecessor_while_the_successor_is_pending() -> None:
-    cluster = _Cluster(None, _Successor(JobState.PENDING, JobState.PENDING, None, JobState.RUNNING))
-    naps: list[float] = []
-    assert hand_over(cluster, cluster, cluster.successor, 60, _Log(), sleep=naps.append) == "promoted"
-    assert cluster.calls == ["cancel 101", "promote"] and len(naps) == 2
-
-
-def test_hand_over_leaves_the_release_to_promotion_for_a_running_successor() -> None:
-    cluster = _Cluster(None, _Successor(JobState.RUNNING))
-    assert hand_over(cluster, cluster, cluster.successor, 60, _Log(), sleep=lambda _s: None)
-    assert cluster.calls == ["promote"]
-
-
-def test_hand_over_gives_up_on_a_successor_that_ended_or_never_starts() -> None:
-    ended = _Cluster(None, _Successor(JobState.PENDING, JobState.CANCELLED))
-    with pytest.raises(RuntimeError, match="ended \\(CANCELLED\\) before it started"):
-        hand_over(ended, ended, ended.successor, 60, _Log(), sleep=lambda _s: None)
-    assert "promote" not in ended.calls
-    now = [0.0]
-    queued = _Cluster(None, _Successor(JobState.PENDING))
-    with pytest.raises(RuntimeError, match="did not start within 30 s; teardown cancels it"):
-        hand_over(queued, queued, queued.successor, 30, _Log(), clock=lambda: now[0],
-                  sleep=lambda s: now.__setitem__(0, now[0] + s))
-    assert "promote" not in queued.calls
 
 
 QUOTE = re.compile(r"<!-- quoted from (?P<path>\S+) -->\n```python\n(?P<code>.*?)\n```", re.S)

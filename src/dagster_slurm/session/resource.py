@@ -96,11 +96,12 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
                                                           logger=getattr(context, "log", None))
 
     def promote_successor(self, context: Any, launcher: ComputeLauncher | None = None,
-                          activation_script: str | None = None) -> SlurmAllocation:
-        """Make the run's RUNNING successor its allocation; see
-        :meth:`RunSession.promote_successor`."""
+                          activation_script: str | None = None, *,
+                          wait: float | None = None) -> SlurmAllocation:
+        """Make the run's RUNNING successor its allocation (``wait``: seconds to wait for a
+        queued one to start first); see :meth:`RunSession.promote_successor`."""
         return self.get_session(context).promote_successor(
-            launcher, activation_script, logger=getattr(context, "log", None))
+            launcher, activation_script, logger=getattr(context, "log", None), wait=wait)
 
     def execute_in_session(
         self,

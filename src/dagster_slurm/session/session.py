@@ -258,17 +258,25 @@ class RunSession:
 
     def promote_successor(self, launcher: ComputeLauncher | None = None,
                           activation_script: str | None = None, *,
-                          logger: Any = None) -> SlurmAllocation:
+                          logger: Any = None, wait: float | None = None) -> SlurmAllocation:
         """Make the RUNNING successor the session's allocation (its Ray cluster started with
         the session's launcher and environment, or ``launcher`` / ``activation_script``),
         update the run tag and release the predecessor; returns the new allocation. Raises
         :class:`SessionError` saying why when the successor is not RUNNING or a predecessor
         payload is still active (running or waiting for srun). Repeating a completed
-        promotion only publishes the tag and releases the predecessor again."""
+        promotion only publishes the tag and releases the predecessor again.
+
+        ``wait``: None (the default) promotes only a successor that runs already; a number
+        of seconds first waits that long for a queued successor to start, logging its
+        pending reason and the scheduler's start estimate. Meanwhile a drained predecessor
+        (drain requested, or its pre-walltime signal received) without an unfinished step is
+        released, as the successor may be waiting for its nodes; one that is not drained is
+        kept. A successor that does not start in time raises :class:`SessionError` and stays
+        queued."""
         from dagster_slurm.session.successor import promote_successor
 
         self._begin_use()
-        return promote_successor(self, launcher, activation_script, logger)
+        return promote_successor(self, launcher, activation_script, logger, wait)
 
     def _begin_use(self) -> None:
         with self._lock:

@@ -35,6 +35,10 @@
   predecessor is released) and logs a warning; as in any drained allocation, every step
   started in it returns a drained outcome without running (draining is permanent), so the
   caller's relay loop queues the next successor.
+* **Waiting for a queued successor.** ``promote_successor(wait=seconds)`` first waits until
+  the successor runs, logging its pending reason and start estimate; a drained predecessor
+  with no unfinished step is released meanwhile, since the successor may need its nodes
+  (:mod:`dagster_slurm.session.handover`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.scheduler.client import StatusSnapshot, new_token
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.handover import await_running
 from dagster_slurm.session.run_tags import publish_promoted
 from dagster_slurm.session.standby import render_standby
 from dagster_slurm.slurm.states import JobState
@@ -279,8 +284,11 @@ def _head_refused_message(session: RunSession, record: Allocation,
 
 # -- promotion ---------------------------------------------------------------------------------
 def promote_successor(session: RunSession, launcher: ComputeLauncher | None = None,
-                      activation_script: str | None = None, logger: Any = None) -> SlurmAllocation:
-    """Make the running successor the session's allocation; see the module docstring."""
+                      activation_script: str | None = None, logger: Any = None,
+                      wait: float | None = None) -> SlurmAllocation:
+    """Make the running successor the session's allocation; see the module docstring.
+    ``wait``: seconds to wait for a queued successor to start first
+    (:func:`~dagster_slurm.session.handover.await_running`); None: it must run already."""
     out = ProgressLog(logger)
     doc = _open_document(session)
     record = doc.successor
@@ -292,6 +300,8 @@ def promote_successor(session: RunSession, launcher: ComputeLauncher | None = No
             + (f": {record.error.strip()}" if record.error else "")
             + "; it cannot be promoted")
     job_id, predecessor = str(record.job_id), _predecessor(doc)
+    if wait is not None:
+        await_running(session, job_id, predecessor, doc, wait, out)
     _check(session, job_id, predecessor)
     values = _start(session, record, launcher, activation_script, out)
     with session._lock:

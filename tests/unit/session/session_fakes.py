@@ -90,6 +90,8 @@ class FakeCluster:
     steps: dict[str, list[str]] = field(default_factory=dict)
     """Per job id: the unfinished steps ``active_steps`` reports."""
     on_write: Callable[[Mapping[str, Any]], None] | None = None
+    drained: dict[str, str] = field(default_factory=dict)
+    """Per job id: the drain signal its step server recorded (``jobs/<id>/drained``)."""
 
     def __post_init__(self) -> None:
         self.store = MemoryStateStore(self.initial, clock=self.clock.wall)
@@ -203,7 +205,10 @@ class FakeCluster:
         return "\n".join(self.files.get(path, "").splitlines()[-lines:])
 
     def read_lines(self, path: str) -> list[str]:
+        self._count("read_lines")
         job_id = path.rstrip("/").split("/")[-2]
+        if path.endswith("/drained"):
+            return [self.drained[job_id]] if job_id in self.drained else []
         job = self.jobs.get(job_id)
         return list(job.nodes) if job is not None else []
 

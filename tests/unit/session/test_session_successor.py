@@ -244,3 +244,79 @@ def test_teardown_cancels_a_pending_successor() -> None:
     fresh, _ = _session(cluster)
     with pytest.raises(SessionError, match="closed"):
         fresh.promote_successor()
+
+
+# -- promote_successor(wait=...) -------------------------------------------------------------
+def test_waiting_promotion_releases_a_drained_predecessor_the_successor_waits_for() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.jobs[successor.job_id].reason = "Resources"
+    session.allocation.request_drain = lambda: None  # type: ignore[method-assign]
+    cluster.store.transact(tr.request_drain(None, job_id=head).patch)  # what request_drain records
+
+    def freed() -> None:  # the successor starts once the predecessor's nodes are free
+        if head in cluster.cancelled:
+            cluster.run_without_ready(successor.job_id)
+            _start_on_promotion(cluster, successor.job_id)
+        else:
+            cluster.clock.at(cluster.clock.t + 1, freed)
+
+    cluster.clock.at(1, freed)
+    lines: list[str] = []
+    allocation = session.promote_successor(wait=600, logger=_Lines(lines))
+    assert allocation.job_id == successor.job_id
+    assert cluster.cancelled[0] == head  # released while the successor was PENDING
+    assert any("Released the drained allocation" in line for line in lines)
+    assert any("Resources" in line for line in lines)  # the pending reason was said
+
+
+def test_waiting_promotion_keeps_a_predecessor_that_is_not_drained() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.clock.at(30, lambda: (cluster.run_without_ready(successor.job_id),
+                                  _start_on_promotion(cluster, successor.job_id)))
+    allocation = session.promote_successor(wait=600)
+    assert allocation.job_id == successor.job_id
+    assert cluster.clock.t >= 30  # it waited for RUNNING
+    assert cluster.cancelled == [head]  # released by the promotion, not before it ran
+
+
+def test_waiting_promotion_keeps_a_drained_predecessor_with_an_unfinished_step() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.drained[head] = "TERM"  # Slurm's pre-walltime signal reached its server
+    cluster.steps[head] = ["running asset_a"]
+    with pytest.raises(SessionError, match=f"{successor.job_id} did not start within 60 s.*PENDING"):
+        session.promote_successor(wait=60)
+    assert cluster.cancelled == []  # the step still runs: never cut off
+    assert cluster.doc()["successor"]["job_id"] == successor.job_id  # stays queued
+
+
+def test_waiting_promotion_waits_out_a_scheduler_that_does_not_answer() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor()
+    cluster.drained[head] = "TERM"
+    cluster.queue_answers = False
+    cluster.clock.at(20, lambda: setattr(cluster, "queue_answers", True))
+    cluster.clock.at(40, lambda: (cluster.run_without_ready(successor.job_id),
+                                  _start_on_promotion(cluster, successor.job_id)))
+    assert session.promote_successor(wait=600).job_id == successor.job_id
+    assert cluster.cancelled.count(head) == 1
+
+
+def test_waiting_promotion_raises_for_a_successor_that_ended_in_the_queue() -> None:
+    session, cluster, _ = _running_head()
+    successor = session.submit_successor()
+    cluster.clock.at(5, lambda: cluster.end(successor.job_id, JobState.CANCELLED))
+    with pytest.raises(SessionError, match=f"{successor.job_id} ended \\(CANCELLED\\) before it started"):
+        session.promote_successor(wait=600)
+
+
+class _Lines:
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def info(self, message: str) -> None:
+        self.lines.append(message)
+
+    warning = error = debug = info
