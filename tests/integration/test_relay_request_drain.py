@@ -85,7 +85,7 @@ def test_request_drain_with_the_successor_pending_relays_every_unit_once(env):
 
         # the drained allocation was released before the promotion, which waited for RUNNING
         logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
-        released = _index(logs, f"Released drained allocation {first['allocation']}")
+        released = _index(logs, f"Released the drained allocation {first['allocation']}")
         promoted = _index(logs, f"Promoted successor allocation {second['allocation']}")
         assert released < promoted
         wait_until(lambda: squeue_state(env, first["allocation"]) not in ("RUNNING", "PENDING"),
