@@ -177,7 +177,7 @@ def test_a_killed_step_reattaches_to_its_running_payload(env, tmp_path, monkeypa
         assert len(requested) == 3, requested  # prepare twice, the payload once
         assert all(f"allocation {metadata['slurm_job_id'].value};" in m for m in requested)
         # every call record was removed with its invocation (no defer_cleanup)
-        assert not glob.glob(f"{base}/sessions/{run_id}-*/jobs/*/steps/*/call-*.json")
+        assert not glob.glob(f"{base}/sessions/{run_id}-*/jobs/*/calls/*/*.json")
         prefix = f"dsr-{run_id}"
         wait_until(lambda: not active_jobs(env, prefix), 60, "the run allocation to end")
     finally:

@@ -10,14 +10,15 @@ index counts the ``compute.run`` calls of one attempt of the step in this proces
 first), so the retried attempt's first call is matched with the killed attempt's first call,
 and a step that calls ``compute.run`` twice gets two invocations.
 
-The call's record (:class:`CallRecord`, a small JSON file ``call-<index>.json`` in the step's
-directory of the allocation, ``jobs/<job id>/steps/<step>/``) is written in the round trip
-that requests the step, right after the request; it names the invocation and the request.
-The attempt that reads the invocation's outcome marks the record consumed (or removes it
-with the invocation's files) before it returns or raises; an attempt that stops waiting for
-another reason (an error, run termination) cancels the step and marks the record consumed in
-one round trip, the cancel first. A later call with the same key then starts afresh; a
-record left unconsumed (the process died) is attached to.
+The call's record (:class:`CallRecord`, a small JSON file ``jobs/<job id>/calls/<step>/<index>.json``
+in the allocation's directory) is written in the round trip that requests the step, right
+after the request; it names the invocation and the request. The record exists while the
+invocation's outcome is unread: the attempt that reads the outcome removes it (consumes the
+call; with the invocation's files when they go) before it returns or raises, and an attempt
+that stops waiting for another reason (an error, run termination) cancels the step and
+removes the record in one round trip, the cancel first. A later call with the same key then
+finds no record and starts afresh; a record that is still there (its process died) is
+attached to.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 #: Version of the record's JSON; a record of another version is not read (an error).
@@ -39,8 +40,7 @@ class CallRecord:
     ``job_id``: the allocation the invocation was requested in. ``invocation``: the
     invocation's directory name (under ``jobs/<job id>/steps/<step>/``). ``request_id`` and
     ``step_name``: the step server's request and the Slurm step name. ``payload``: what the
-    call runs (see :func:`payload_fingerprint`). ``consumed``: an attempt has read the
-    invocation's outcome, or cancelled it; such a record is never attached to.
+    call runs (see :func:`payload_fingerprint`).
     """
 
     job_id: str
@@ -48,17 +48,12 @@ class CallRecord:
     request_id: str
     step_name: str
     payload: str
-    consumed: bool = False
 
     def to_json(self) -> str:
         return json.dumps({
             "version": RECORD_VERSION, "job_id": self.job_id, "invocation": self.invocation,
-            "request_id": self.request_id, "step_name": self.step_name,
-            "payload": self.payload, "consumed": self.consumed,
+            "request_id": self.request_id, "step_name": self.step_name, "payload": self.payload,
         }, sort_keys=True) + "\n"
-
-    def as_consumed(self) -> CallRecord:
-        return replace(self, consumed=True)
 
     @classmethod
     def from_json(cls, text: str) -> CallRecord:
@@ -71,9 +66,9 @@ class CallRecord:
             raise ValueError(f"not a call record of version {RECORD_VERSION}")
         fields = ("job_id", "invocation", "request_id", "step_name", "payload")
         missing = [name for name in fields if not isinstance(raw.get(name), str) or not raw[name]]
-        if missing or not isinstance(raw.get("consumed"), bool):
-            raise ValueError(f"fields missing or of the wrong type: {missing or ['consumed']}")
-        return cls(*(raw[name] for name in fields), consumed=raw["consumed"])
+        if missing:
+            raise ValueError(f"fields missing or not strings: {missing}")
+        return cls(*(raw[name] for name in fields))
 
 
 @dataclass(frozen=True)
@@ -97,17 +92,16 @@ def decide(record: CallRecord | None, *, job_id: str, payload: str) -> Attach | 
     """Attach or start fresh, for a call whose record (None: none) was read from allocation
     ``job_id``, the run's current allocation, and which runs ``payload``.
 
-    Only an unconsumed record of the same allocation and the same payload is attached to,
-    whether its step still runs or has ended: waiting on its status file decides, and an
-    allocation that ended meanwhile raises ``SlurmAllocationEnded`` there.
+    A record exists only while its invocation's outcome is unread (see the module
+    docstring). One of the same allocation and the same payload is attached to, whether its
+    step still runs or has ended: waiting on its status file decides, and an allocation that
+    ended meanwhile raises ``SlurmAllocationEnded`` there.
     """
     if record is None:
-        return Fresh("no earlier attempt of this call requested a step")
+        return Fresh("no earlier attempt of this call left an invocation whose outcome is unread")
     if record.job_id != job_id:
         return Fresh(f"the recorded invocation was requested in allocation {record.job_id}, "
                      f"not in the current one ({job_id})")
-    if record.consumed:
-        return Fresh(f"an earlier attempt read the outcome of invocation {record.invocation}")
     if record.payload != payload:
         return Fresh(f"invocation {record.invocation} of an earlier attempt runs another payload "
                      f"({record.payload!r}, this call: {payload!r}); it is left alone", warning=True)

@@ -8,7 +8,7 @@ payload, requests the step (after checking under the session lock that the alloc
 still current) and writes the call's record; one per status poll (status and drain files,
 with an squeue of the allocation every few seconds); one per Pipes tail poll; one per read
 of the step's accounting (more than one only while accounting has not caught up); one that
-marks the record consumed (with the cleanup, when there is one).
+removes the call's record (with the cleanup, when there is one).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dagster import PipesClientCompletedInvocation
 
-from dagster_slurm.agent import remove_op, tail_op, write_file_op
+from dagster_slurm.agent import exec_op, remove_op, tail_op
 from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
@@ -238,36 +238,39 @@ def _read_record(agent: Any, path: str) -> reattach.CallRecord | None:
 
 
 def _consume(job: SessionStep, *, remove: bool, strict: bool) -> None:
-    """Mark the call's record consumed (its outcome is read: a later call with the same key
-    starts afresh), or with ``remove`` delete it together with the invocation's files, in
-    one round trip. With ``strict`` a failure raises; otherwise it is logged (a failed or
-    drained step's own error matters more)."""
-    paths = job.paths
+    """Remove the call's record (its outcome is read: a later call with the same key starts
+    afresh), with ``remove`` together with the invocation's files, in one round trip. With
+    ``strict`` a failure raises; otherwise it is logged (a failed or drained step's own
+    error matters more)."""
     try:
         with job.agent.batch() as batch:
+            _remove_record(batch, job)
             if remove:
-                batch.add(remove_op(job.record_path, root=paths.base))
-                remove_invocation(batch, paths)
-            else:
-                batch.add(write_file_op(job.record_path, job.record.as_consumed().to_json(),
-                                        makedirs=True))
+                remove_invocation(batch, job.paths)
     except DagsterSlurmError as exc:
         if strict:
             raise
-        job.context.log.warning(f"could not mark the call record {job.record_path} consumed "
-                                f"({exc}); a retry of the step attaches to this invocation again")
+        job.context.log.warning(f"could not remove the call record {job.record_path} ({exc}); "
+                                "a retry of the step attaches to this invocation again")
+
+
+def _remove_record(batch: Any, job: SessionStep, requires: Sequence[Any] = ()) -> None:
+    """Add to ``batch`` the removal of the call's record and of its directory when empty."""
+    removed = batch.add(remove_op(job.record_path, root=job.paths.base), requires=list(requires))
+    calls = job.record_path.rsplit("/", 1)[0]
+    batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", calls, calls.rsplit("/", 1)[0]]),
+              requires=[removed])
 
 
 def _cancel_and_consume(job: SessionStep, handle: StepHandle) -> None:
-    """Cancel the step, then mark the call's record consumed, in one round trip (the record
-    only once the cancel request is written: a retry must never start a second payload next
-    to a step whose cancel was lost). Logs, never raises: another error propagates."""
+    """Cancel the step, then remove the call's record, in one round trip (the record only
+    once the cancel request is written: a retry must never start a second payload next to a
+    step whose cancel was lost). Logs, never raises: another error propagates."""
     allocation = job.allocation
     try:
         with job.agent.batch() as batch:
             cancelled = batch.add(allocation.cancel_op(handle))
-            batch.add(write_file_op(job.record_path, job.record.as_consumed().to_json(),
-                                    makedirs=True), requires=[cancelled])
+            _remove_record(batch, job, [cancelled])
     except Exception as exc:  # noqa: BLE001 - logged; the original error propagates
         log.error("could not cancel step %s of allocation %s: %s; it ends with the allocation",
                   handle.name, allocation.job_id, exc)

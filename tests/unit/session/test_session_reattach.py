@@ -39,18 +39,12 @@ def test_a_call_without_a_record_starts_fresh() -> None:
     assert isinstance(decided, Fresh) and not decided.warning
 
 
-def test_an_unconsumed_record_of_the_current_allocation_is_attached_to() -> None:
+def test_a_record_of_the_current_allocation_and_payload_is_attached_to() -> None:
     record = _record()
     decided = decide(record, job_id="41", payload=PAYLOAD)
     assert isinstance(decided, Attach)
     assert decided.record is record
     assert "0123abcd4567" in decided.reason
-
-
-def test_a_consumed_record_is_never_attached_to() -> None:
-    decided = decide(_record().as_consumed(), job_id="41", payload=PAYLOAD)
-    assert isinstance(decided, Fresh) and not decided.warning
-    assert "read the outcome" in decided.reason
 
 
 def test_a_record_of_another_allocation_is_not_attached_to() -> None:
@@ -66,12 +60,13 @@ def test_a_record_of_another_payload_starts_fresh_with_a_warning() -> None:
     assert "other.py" in decided.reason and "process.py" in decided.reason
 
 
-@pytest.mark.parametrize("consumed", [False, True])
+@pytest.mark.parametrize("present", [False, True])
 @pytest.mark.parametrize("job_id", ["41", "40"])
 @pytest.mark.parametrize("payload", [PAYLOAD, "RayLauncher:process.py"])
-def test_attach_only_when_every_condition_holds(consumed: bool, job_id: str, payload: str) -> None:
-    decided = decide(_record(job_id=job_id, consumed=consumed), job_id="41", payload=payload)
-    expected = not consumed and job_id == "41" and payload == PAYLOAD
+def test_attach_only_when_every_condition_holds(present: bool, job_id: str, payload: str) -> None:
+    record = _record(job_id=job_id) if present else None
+    decided = decide(record, job_id="41", payload=payload)
+    expected = present and job_id == "41" and payload == PAYLOAD
     assert isinstance(decided, Attach) is expected
 
 
@@ -86,29 +81,30 @@ def test_the_fingerprint_names_the_payload_and_the_launcher_class() -> None:
 # -- the record ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("consumed", [False, True])
-def test_a_record_survives_its_json(consumed: bool) -> None:
-    record = _record(consumed=consumed)
+def test_a_record_survives_its_json() -> None:
+    record = _record()
     assert CallRecord.from_json(record.to_json()) == record
 
 
 @pytest.mark.parametrize("text", [
     "", "{", "[]", '{"version": 2}',
     '{"version": 1, "job_id": "41", "invocation": "", "request_id": "r", '
-    '"step_name": "s", "payload": "p", "consumed": false}',
-    '{"version": 1, "job_id": "41", "invocation": "i", "request_id": "r", '
-    '"step_name": "s", "payload": "p", "consumed": "no"}',
+    '"step_name": "s", "payload": "p"}',
+    '{"version": 1, "job_id": "41", "invocation": "i", "request_id": 7, '
+    '"step_name": "s", "payload": "p"}',
 ])
 def test_text_that_is_not_a_record_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         CallRecord.from_json(text)
 
 
-def test_the_record_lives_in_the_step_directory_of_its_allocation() -> None:
+def test_the_record_lives_in_its_allocation_next_to_not_among_the_invocations() -> None:
     paths = SessionPaths.create("/base", "run-1", "abcd1234")
     invocation = paths.invocation("41", "my asset", "0123abcd4567")
-    assert paths.call_record("41", "my asset", 0) == f"{invocation.step_dir}/call-0.json"
-    assert paths.step_dir("41", "my asset") == invocation.step_dir
+    record = paths.call_record("41", "my asset", 0)
+    assert record == f"{paths.job_dir('41')}/calls/my-asset/0.json"
+    assert record.rsplit("/", 1)[0] == paths.calls_dir("41", "my asset")
+    assert not record.startswith(invocation.step_dir + "/")
     assert invocation.invocation == "0123abcd4567"
     assert paths.call_record("42", "my asset", 1).startswith(paths.job_dir("42") + "/")
 
