@@ -130,7 +130,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         index = reattach.CALLS.next(run_id, step_key, reattach.attempt_of(context))
         record_path = session.paths.call_record(allocation.job_id, step_key, index)
         fingerprint = reattach.payload_fingerprint(request.payload_path, request.launcher)
-        decision = reattach.decide(_read_record(agent, record_path), job_id=allocation.job_id,
+        decision = reattach.decide(read_call_record(agent, record_path), job_id=allocation.job_id,
                                    payload=fingerprint)
         attached: StepHandle | None = None
         if isinstance(decision, reattach.Attach):
@@ -219,7 +219,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         return invocation
 
 
-def _read_record(agent: Any, path: str) -> reattach.CallRecord | None:
+def read_call_record(agent: Any, path: str) -> reattach.CallRecord | None:
     """The call record at ``path`` (None: there is none), in one round trip. Raises
     :class:`SessionError` naming the file when it cannot be read as a record: whether the
     invocation it names still runs is then unknown, and a second payload is not started on

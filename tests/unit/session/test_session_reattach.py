@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from dagster_slurm.agent.results import TailChunk, TailResult
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
+from dagster_slurm.session.errors import SessionError
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.session.reattach import (
     Attach,
@@ -19,6 +21,7 @@ from dagster_slurm.session.reattach import (
     decide,
     payload_fingerprint,
 )
+from dagster_slurm.session.runner import read_call_record
 
 PAYLOAD = payload_fingerprint("process.py", BashLauncher())
 
@@ -155,3 +158,39 @@ def test_the_attempt_is_the_steps_retry_number() -> None:
     step = SimpleNamespace(previous_attempt_count=2)
     context = SimpleNamespace(get_step_execution_context=lambda: step)
     assert attempt_of(context) == 2
+
+
+# -- reading the record --------------------------------------------------------------------------
+
+
+class _OneFileAgent:
+    """Answers a tail request with one file's bytes (None: the file does not exist)."""
+
+    def __init__(self, data: bytes | None) -> None:
+        self.data = data
+        self.asked: list[object] = []
+
+    def run(self, op: object) -> TailResult:
+        self.asked.append(op)
+        path = op.params["files"][0]["path"]  # type: ignore[attr-defined]
+        data = self.data or b""
+        return TailResult((TailChunk(path, self.data is not None, len(data), len(data), data,
+                                     True, False),))
+
+
+def test_a_missing_record_reads_as_none() -> None:
+    agent = _OneFileAgent(None)
+    assert read_call_record(agent, "/s/jobs/41/calls/a/0.json") is None
+    assert len(agent.asked) == 1, "one round trip"
+
+
+def test_a_written_record_is_read_back() -> None:
+    record = _record()
+    assert read_call_record(_OneFileAgent(record.to_json().encode()), "/r") == record
+
+
+def test_an_unreadable_record_stops_the_call_naming_the_file() -> None:
+    with pytest.raises(SessionError) as caught:
+        read_call_record(_OneFileAgent(b'{"version": 1'), "/s/jobs/41/calls/a/0.json")
+    message = str(caught.value)
+    assert "/s/jobs/41/calls/a/0.json" in message and "remove the file" in message
