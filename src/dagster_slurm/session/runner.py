@@ -232,8 +232,9 @@ def read_call_record(agent: Any, path: str) -> reattach.CallRecord | None:
     except ValueError as exc:
         raise SessionError(
             f"the call record {path} cannot be read ({exc}); whether the invocation of an "
-            "earlier attempt still runs is unknown. Check the step's invocations next to it, "
-            "then remove the file to let the call start afresh"
+            "earlier attempt still runs is unknown. Check the step's invocations (under "
+            "steps/<step key>/ of the same allocation directory) and its Slurm steps "
+            "(`squeue -s`), then remove the file to let the call start afresh"
         ) from None
 
 
