@@ -7,9 +7,10 @@ materialization at the end. The step's process is killed while the second payloa
 op ``RetryPolicy`` makes Dagster retry the step in the same run, in a new process. The retry
 runs the preparation again (its first call's invocation was read and consumed by the killed
 attempt) and attaches to the second call's invocation: that payload started once, and each
-custom message and the materialization reach Dagster once. With ``finished_first`` the retry
-attaches only after the payload has ended (its status file is there).
-"""
+custom message and the materialization reach Dagster once. Modes: ``running`` (the payload
+goes on only once the retry has attached), ``finished`` (the retry attaches after the
+payload has ended: its status file is there), ``drained`` (the retry requests a drain
+before it attaches: ``SlurmStepDrained`` with every custom message)."""
 
 import glob
 import json
@@ -19,13 +20,14 @@ import signal
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 from compute_support import logged, slurm_resource, wait_until, write_payload
 from session_support import active_jobs, session_compute
 
-from dagster_slurm import ComputeResource
+from dagster_slurm import ComputeResource, SlurmStepDrained
 from dagster_slurm.agent import write_file_op
 
 pytestmark = [pytest.mark.integration]
@@ -43,10 +45,12 @@ with open_dagster_pipes() as pipes:
 """
 
 UNITS_PAYLOAD = """
-import os, time
+import os, signal, time
 from dagster_pipes import open_dagster_pipes
 marks = os.environ["MARKS"]
 units = int(os.environ["UNITS"])
+drained = []
+signal.signal(signal.SIGTERM, lambda *_: drained.append(True))  # the drain signal
 with open(os.path.join(marks, "starts"), "a") as handle:
     handle.write(f"{os.getpid()}\\n")
 with open_dagster_pipes() as pipes:
@@ -56,29 +60,45 @@ with open_dagster_pipes() as pipes:
         with open(os.path.join(marks, "units"), "a") as handle:
             handle.write(f"{unit}\\n")
         if unit == 2:
-            # the test kills the step's process now; go on once it says so
+            # the test kills the step's process now; go on once it says so (or on a drain)
             deadline = time.monotonic() + 240
-            while not os.path.exists(os.path.join(marks, "go")) and time.monotonic() < deadline:
+            while not (os.path.exists(os.path.join(marks, "go")) or drained) \\
+                    and time.monotonic() < deadline:
                 time.sleep(0.2)
+        if drained:
+            pipes.report_custom_message({"drained_after": unit})
+            break
         time.sleep(2)
-    pipes.report_asset_materialization(metadata={"units": units,
-                                                 "slurm_job_id": os.environ["SLURM_JOB_ID"]})
+    else:
+        pipes.report_asset_materialization(metadata={"units": units,
+                                                     "slurm_job_id": os.environ["SLURM_JOB_ID"]})
 open(os.path.join(marks, "done"), "w").close()
 """
 
 
 @dg.asset(retry_policy=dg.RetryPolicy(max_retries=1))
 def relayed(context: dg.AssetExecutionContext, compute: ComputeResource):
-    marks = os.environ["DSLURM_TEST_MARKS"]
+    marks, mode = os.environ["DSLURM_TEST_MARKS"], os.environ["DSLURM_TEST_MODE"]
     attempt = context.retry_number
     Path(marks, f"pid-{attempt}").write_text(str(os.getpid()))
     env = {"MARKS": marks, "UNITS": str(UNITS)}
     prepared = compute.run(context=context, payload_path=os.environ["DSLURM_TEST_PREPARE"],
                            extra_env=env)
-    if attempt > 0 and os.environ.get("DSLURM_TEST_FINISHED_FIRST"):
+    if attempt > 0 and mode == "finished":
         wait_until(lambda: os.path.exists(os.path.join(marks, "done")), 120, "the payload's end")
-    invocation = compute.run(context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"],
-                             extra_env=env)
+    if attempt > 0 and mode == "drained":
+        compute.get_run_allocation_session(context).allocation.request_drain()
+    try:
+        invocation = compute.run(context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"],
+                                 extra_env=env)
+    except SlurmStepDrained as drained:
+        Path(marks, f"custom-{attempt}.json").write_text(json.dumps({
+            "prepare": prepared.get_custom_messages(),
+            "units": drained.invocation.get_custom_messages(),
+            "exit_code": drained.result.exit_code, "drain_signal": drained.result.drain_signal,
+        }))
+        yield dg.MaterializeResult(metadata={"drained": True})
+        return
     Path(marks, f"custom-{attempt}.json").write_text(json.dumps({
         "prepare": prepared.get_custom_messages(), "units": invocation.get_custom_messages(),
     }))
@@ -103,39 +123,36 @@ def _lines(path: str) -> list[str]:
     return Path(path).read_text().split() if os.path.exists(path) else []
 
 
-def _killer(instance: dg.DagsterInstance, marks: str, finished_first: bool,
+def _killer(instance: dg.DagsterInstance, marks: str, mode: str,
             failures: list[BaseException]) -> None:
     """SIGKILL the step's first process once the payload is mid-way; then let the payload go
-    on, once the retry has attached (``finished_first``: at once, the retry waits for the
-    payload's end before it attaches)."""
+    on: ``running``: once the retry has attached; ``finished``: at once (the retry waits for
+    the payload's end before it attaches); ``drained``: only on failure (the drain the retry
+    requests ends the payload)."""
     try:
         wait_until(lambda: len(_lines(f"{marks}/units")) >= 3, 240, "the payload's third unit")
         pid = int(Path(marks, "pid-0").read_text())
         os.kill(pid, signal.SIGKILL)
         Path(marks, "killed").write_text(str(pid))
-        if not finished_first:
+        if mode == "running":
             wait_until(lambda: logged(instance, "reattached to invocation"), 240,
                        "the retried step to attach")
+        if mode != "drained":
+            Path(marks, "go").write_text("")
     except BaseException as exc:  # noqa: BLE001 - reported by the test's assertion
         failures.append(exc)
-    finally:
         Path(marks, "go").write_text("")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("finished_first", [False, True], ids=["running", "finished"])
-def test_a_killed_step_reattaches_to_its_running_payload(env, tmp_path, monkeypatch,
-                                                         finished_first):
-    base = env["SLURM_DEPLOYMENT_BASE_PATH"]
-    marks = f"{base}/test-marks/reattach-{uuid.uuid4().hex[:8]}"  # seen by every node
-    slurm = slurm_resource(env)  # the directory belongs to the job's user
-    slurm.agent().run(write_file_op(f"{marks}/.keep", "", makedirs=True))
-    slurm.close()
+def _run_with_a_kill(env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     marks: str, mode: str) -> tuple[Any, list[str], list[Any]]:
+    """Run the job under the multiprocess executor while :func:`_killer` kills its step:
+    the result, the run's log messages and its materializations."""
     settings = {
         **env, "DSLURM_TEST_SESSION": "bash", "DSLURM_TEST_MARKS": marks,
         "DSLURM_TEST_PREPARE": write_payload(tmp_path, "prepare.py", PREPARE_PAYLOAD),
         "DSLURM_TEST_PAYLOAD": write_payload(tmp_path, "units.py", UNITS_PAYLOAD),
-        "DSLURM_TEST_FINISHED_FIRST": "1" if finished_first else "",
+        "DSLURM_TEST_MODE": mode,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
     for key, value in settings.items():
@@ -143,42 +160,60 @@ def test_a_killed_step_reattaches_to_its_running_payload(env, tmp_path, monkeypa
     (tmp_path / "home").mkdir()
     monkeypatch.chdir(HERE)  # step processes import this module from the working directory
     failures: list[BaseException] = []
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        killer = threading.Thread(target=_killer, daemon=True,
+                                  args=(instance, marks, mode, failures))
+        killer.start()
+        result = dg.execute_job(dg.reconstructable(reattach_job), instance=instance)
+        logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+        materialized = result.get_asset_materialization_events()
+    killer.join(10)
+    assert not failures, failures
+    return result, logs, materialized
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["running", "finished", "drained"])
+def test_a_killed_step_reattaches_to_its_payload(env, tmp_path, monkeypatch, mode):
+    base = env["SLURM_DEPLOYMENT_BASE_PATH"]
+    marks = f"{base}/test-marks/reattach-{uuid.uuid4().hex[:8]}"  # seen by every node
+    slurm = slurm_resource(env)  # the directory belongs to the job's user
+    slurm.agent().run(write_file_op(f"{marks}/.keep", "", makedirs=True))
+    slurm.close()
     try:
-        with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
-            killer = threading.Thread(target=_killer, daemon=True,
-                                      args=(instance, marks, finished_first, failures))
-            killer.start()
-            result = dg.execute_job(dg.reconstructable(reattach_job), instance=instance)
-            run_id = result.run_id
-            logs = [entry.user_message for entry in instance.all_logs(run_id)]
-            materialized = result.get_asset_materialization_events()
-        killer.join(10)
-        assert not failures, failures
+        result, logs, materialized = _run_with_a_kill(env, tmp_path, monkeypatch, marks, mode)
         assert result.success, logs
         assert Path(marks, "killed").read_text() == Path(marks, "pid-0").read_text()
         assert os.path.exists(f"{marks}/pid-1"), "the step was not retried"
         # the payload started once; the preparation (consumed by the killed attempt) twice
         assert len(_lines(f"{marks}/starts")) == 1, _lines(f"{marks}/starts")
         assert len(_lines(f"{marks}/prepare-starts")) == 2
-        assert _lines(f"{marks}/units") == [str(unit) for unit in range(UNITS)]
         assert not os.path.exists(f"{marks}/custom-0.json"), "the killed attempt finished"
         reported = json.loads(Path(marks, "custom-1.json").read_text())
-        assert reported["units"] == [{"unit": unit} for unit in range(UNITS)]
         assert reported["prepare"] == [{"prepared": True}]
         assert len(materialized) == 1
         metadata = materialized[0].event_specific_data.materialization.metadata
-        assert metadata["units"].value == UNITS
+        if mode == "drained":
+            assert _lines(f"{marks}/units") == ["0", "1", "2"]
+            assert reported["units"] == [{"unit": 0}, {"unit": 1}, {"unit": 2},
+                                         {"drained_after": 2}]
+            assert reported["exit_code"] == 0 and reported["drain_signal"] == "TERM"
+            assert metadata["drained"].value is True
+        else:
+            assert _lines(f"{marks}/units") == [str(unit) for unit in range(UNITS)]
+            assert reported["units"] == [{"unit": unit} for unit in range(UNITS)]
+            assert metadata["units"].value == UNITS
         reattached = [m for m in logs if "reattached to invocation" in m]
         assert len(reattached) == 1, logs
-        if not finished_first:  # the payload went past its third unit only after the attach
+        if mode == "running":  # the payload went past its third unit only after the attach
             unit_3 = next(i for i, m in enumerate(logs) if f"unit 3 of {UNITS}" in m)
             assert logs.index(reattached[0]) < unit_3, logs
         requested = [m for m in logs if m.startswith("Step relayed requested in run allocation")]
         assert len(requested) == 3, requested  # prepare twice, the payload once
-        assert all(f"allocation {metadata['slurm_job_id'].value};" in m for m in requested)
+        assert len({m.split(";")[0] for m in requested}) == 1, "one allocation"
         # every call record was removed with its invocation (no defer_cleanup)
-        assert not glob.glob(f"{base}/sessions/{run_id}-*/jobs/*/calls/*/*.json")
-        prefix = f"dsr-{run_id}"
-        wait_until(lambda: not active_jobs(env, prefix), 60, "the run allocation to end")
+        assert not glob.glob(f"{base}/sessions/{result.run_id}-*/jobs/*/calls/*/*.json")
+        wait_until(lambda: not active_jobs(env, f"dsr-{result.run_id}"), 60,
+                   "the run allocation to end")
     finally:
         shutil.rmtree(marks, ignore_errors=True)
