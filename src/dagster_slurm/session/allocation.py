@@ -41,6 +41,8 @@ log = logging.getLogger("dagster_slurm.session")
 #: every ``poll_interval``; the pause grows by a quarter per read up to this).
 MAX_STEP_POLL_INTERVAL = 2.0
 
+#: The step's script in its invocation directory (written before the step is requested).
+STEP_SCRIPT = "dagster_slurm_step.sh"
 #: File in a step's invocation directory holding its Slurm step id (written by the step).
 STEP_ID_FILE = "slurm_step_id"
 #: First setup line of every step, run after the job script's signal traps are set and
@@ -170,7 +172,7 @@ class SlurmAllocation:
         """
         request_id = request_id or new_request_id()
         step_name = step_name_for(name)
-        script_path = paths.file("dagster_slurm_step.sh")
+        script_path = paths.file(STEP_SCRIPT)
         request = "\n".join(
             [script_path, paths.stdout, paths.stderr, paths.status, paths.drain, step_name,
              paths.file(STEP_ID_FILE)]

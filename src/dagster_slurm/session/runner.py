@@ -43,6 +43,7 @@ from dagster_slurm.session import reattach
 from dagster_slurm.session.allocation import (
     RECORD_STEP_ID,
     STEP_ID_FILE,
+    STEP_SCRIPT,
     SlurmAllocation,
     StepHandle,
     new_request_id,
@@ -136,6 +137,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         if isinstance(decision, reattach.Attach):
             record = decision.record
             paths = session.paths.invocation(allocation.job_id, step_key, record.invocation)
+            _check_files(agent, paths, record_path)
             attached = StepHandle(record.request_id, record.step_name, paths)
         else:
             if decision.warning:
@@ -238,16 +240,32 @@ def read_call_record(agent: Any, path: str) -> reattach.CallRecord | None:
         ) from None
 
 
+def _check_files(agent: Any, paths: InvocationPaths, record_path: str) -> None:
+    """Before attaching, one round trip: the recorded invocation still has its step script
+    (written before its request). Raises :class:`SessionError` when it has not (its files
+    were removed): there would be no status to wait for, and whether its payload runs is
+    unknown."""
+    script = paths.file(STEP_SCRIPT)
+    if not agent.run(tail_op([TailRequest(script, 0, 1)])).files[0].exists:
+        raise SessionError(
+            f"the call record {record_path} names invocation {paths.job_dir}, whose files are "
+            "gone (removed by hand or by cleanup_deferred_run_dir?); whether its payload still "
+            "runs is unknown. Check the allocation's steps (`squeue -s`), then remove the "
+            "record to let the call start afresh"
+        )
+
+
 def _consume(job: SessionStep, *, remove: bool, strict: bool) -> None:
     """Remove the call's record (its outcome is read: a later call with the same key starts
-    afresh), with ``remove`` together with the invocation's files, in one round trip. With
+    afresh), with ``remove`` then the invocation's files, in one round trip (the files only
+    once the record is gone: a record never names an invocation without files). With
     ``strict`` a failure raises; otherwise it is logged (a failed or drained step's own
     error matters more)."""
     try:
         with job.agent.batch() as batch:
-            _remove_record(batch, job)
+            removed = _remove_record(batch, job)
             if remove:
-                remove_invocation(batch, job.paths)
+                remove_invocation(batch, job.paths, requires=[removed])
     except DagsterSlurmError as exc:
         if strict:
             raise
@@ -255,12 +273,14 @@ def _consume(job: SessionStep, *, remove: bool, strict: bool) -> None:
                                 "a retry of the step attaches to this invocation again")
 
 
-def _remove_record(batch: Any, job: SessionStep, requires: Sequence[Any] = ()) -> None:
-    """Add to ``batch`` the removal of the call's record and of its directory when empty."""
+def _remove_record(batch: Any, job: SessionStep, requires: Sequence[Any] = ()) -> Any:
+    """Add to ``batch`` the removal of the call's record and of its directory when empty;
+    returns the record's removal (for ``requires``)."""
     removed = batch.add(remove_op(job.record_path, root=job.paths.base), requires=list(requires))
     calls = job.record_path.rsplit("/", 1)[0]
     batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", calls, calls.rsplit("/", 1)[0]]),
               requires=[removed])
+    return removed
 
 
 def _cancel_and_consume(job: SessionStep, handle: StepHandle) -> None:
