@@ -7,6 +7,7 @@ step of the run's allocation per invocation).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dagster_slurm.agent import exec_op, remove_op
@@ -42,9 +43,11 @@ def invocation_files(paths: InvocationPaths, payload: PayloadSpec,
     return files
 
 
-def remove_invocation(batch: Batch, paths: InvocationPaths, *parents: str) -> None:
-    """Add to ``batch`` the removal of the invocation's directory, then of its step
-    directory and ``parents`` where they are left empty."""
-    removed = batch.add(remove_op(paths.job_dir, root=paths.base))
+def remove_invocation(batch: Batch, paths: InvocationPaths, *parents: str,
+                      requires: Sequence[Any] = ()) -> None:
+    """Add to ``batch`` the removal of the invocation's directory (only once the operations
+    of ``requires`` succeeded), then of its step directory and ``parents`` where they are
+    left empty."""
+    removed = batch.add(remove_op(paths.job_dir, root=paths.base), requires=list(requires))
     batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", paths.step_dir, *parents]),
               requires=[removed])

@@ -49,6 +49,11 @@ class InvocationPaths:
         return f"{self.job_dir}/{name}"
 
     @property
+    def invocation(self) -> str:
+        """The invocation's directory name (unique within its step directory)."""
+        return self.job_dir.rsplit("/", 1)[1]
+
+    @property
     def script(self) -> str:
         return self.file("dagster_slurm_job.sh")
 

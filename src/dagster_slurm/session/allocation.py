@@ -41,12 +41,24 @@ log = logging.getLogger("dagster_slurm.session")
 #: every ``poll_interval``; the pause grows by a quarter per read up to this).
 MAX_STEP_POLL_INTERVAL = 2.0
 
+#: The step's script in its invocation directory (written before the step is requested).
+STEP_SCRIPT = "dagster_slurm_step.sh"
 #: File in a step's invocation directory holding its Slurm step id (written by the step).
 STEP_ID_FILE = "slurm_step_id"
 #: First setup line of every step, run after the job script's signal traps are set and
 #: before the payload starts: records the Slurm step id, which the step server needs to
 #: send the drain signal to this step (and the step's accounting to find its line).
 RECORD_STEP_ID = f"printf '%s\\n' \"${{SLURM_STEP_ID:-}}\" > {STEP_ID_FILE} 2>/dev/null"
+
+
+def new_request_id() -> str:
+    """A new id for a step request (16 hex digits)."""
+    return uuid.uuid4().hex[:16]
+
+
+def step_name_for(name: str) -> str:
+    """The Slurm step name of a step launched with ``name``."""
+    return safe_name(name, 80)
 
 
 @dataclass(frozen=True)
@@ -147,15 +159,20 @@ class SlurmAllocation:
         *,
         name: str,
         files: Mapping[str, tuple[str | bytes, int]] | None = None,
+        request_id: str | None = None,
+        after: Mapping[str, str] | None = None,
     ) -> StepHandle:
-        """Write the step's script and ``files`` and request the step, in one round trip.
+        """Write the step's script and ``files`` and request the step, in one round trip;
+        then, in the same round trip, the files of ``after`` (path -> text: the call's
+        record), written only once the request is.
 
-        Refused with :class:`SlurmAllocationEnded` (state ``REPLACED``) when the session no
-        longer has this allocation as its current one.
+        ``request_id``: the request's id (None: a new one, :func:`new_request_id`). Refused
+        with :class:`SlurmAllocationEnded` (state ``REPLACED``) when the session no longer
+        has this allocation as its current one (nothing is written then).
         """
-        request_id = uuid.uuid4().hex[:16]
-        step_name = safe_name(name, 80)
-        script_path = paths.file("dagster_slurm_step.sh")
+        request_id = request_id or new_request_id()
+        step_name = step_name_for(name)
+        script_path = paths.file(STEP_SCRIPT)
         request = "\n".join(
             [script_path, paths.stdout, paths.stderr, paths.status, paths.drain, step_name,
              paths.file(STEP_ID_FILE)]
@@ -172,22 +189,26 @@ class SlurmAllocation:
                 write_file_op(self.paths.request(self.job_id, request_id), request, makedirs=True),
                 requires=[current, *written],
             )
+            recorded = [batch.add(write_file_op(path, text, makedirs=True), requires=[requested])
+                        for path, text in (after or {}).items()]
         if not current.result().ok:
             raise SlurmAllocationEnded(
                 SlurmStepExecutionResult(self.job_id, step_name, None, allocation_state=REPLACED),
                 "the session replaced this allocation before the step started; prepare the "
                 "step again against the current allocation",
             )
-        for item in written:
+        for item in [*written, requested, *recorded]:
             item.result()
-        requested.result()
         return StepHandle(request_id, step_name, paths)
+
+    def cancel_op(self, handle: StepHandle) -> Any:
+        """The agent operation asking the step server to stop the step (TERM, then KILL
+        after 10 s), for a batch of the caller's."""
+        return write_file_op(self.paths.request(self.job_id, handle.request_id, "cancel"), "\n")
 
     def cancel_step(self, handle: StepHandle) -> None:
         """Ask the step server to stop the step (TERM, then KILL after 10 s)."""
-        self.scheduler.agent.run(
-            write_file_op(self.paths.request(self.job_id, handle.request_id, "cancel"), "\n")
-        )
+        self.scheduler.agent.run(self.cancel_op(handle))
 
     def wait(
         self,

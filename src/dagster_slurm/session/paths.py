@@ -9,6 +9,8 @@ Layout under ``<base>/sessions/<run id>-<config digest>/``::
     submit/<token>/            the allocation's batch script and step server, per submission
     jobs/<job id>/             per allocation: nodes, ready, drained, requests/, steps/
     jobs/<job id>/steps/<step>/<invocation>/   one compute.run: Pipes files, status, drain
+    jobs/<job id>/calls/<step>/<n>.json        which invocation the step's call n uses, while
+                                               its outcome is unread (dagster_slurm.session.reattach)
 
 The document, its lock and the heartbeat stay at the same place across allocations, so a
 restarted process finds the session (and any successor) from the run id alone.
@@ -92,5 +94,15 @@ class SessionPaths:
         return f"{self.job_dir(job_id)}/steps"
 
     def invocation(self, job_id: str, step_key: str, invocation: str | None = None) -> InvocationPaths:
-        """The files of one step invocation inside allocation ``job_id``."""
+        """The files of one step invocation inside allocation ``job_id`` (``invocation``:
+        its directory name; None: a new one)."""
         return InvocationPaths.create_under(self.steps_dir(job_id), self.base, step_key, invocation)
+
+    def calls_dir(self, job_id: str, step_key: str) -> str:
+        """The directory of step ``step_key``'s call records in allocation ``job_id``."""
+        return f"{self.job_dir(job_id)}/calls/{safe_name(step_key, 100)}"
+
+    def call_record(self, job_id: str, step_key: str, index: int) -> str:
+        """The record of call ``index`` (0: the first ``compute.run`` of an attempt) of
+        step ``step_key`` in allocation ``job_id``: which invocation it uses."""
+        return f"{self.calls_dir(job_id, step_key)}/{int(index)}.json"

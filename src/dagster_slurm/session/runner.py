@@ -1,11 +1,14 @@
 """One ``compute.run`` in Slurm mode with run scope: a job step inside the run's allocation.
 
 Round trips: the session's allocation is found or submitted on first use (see
-:mod:`dagster_slurm.session.session`); then one round trip writes the step's script, Pipes
-context and uploaded payload and requests the step (after checking under the session lock
-that the allocation is still current); one per status poll (status and drain files, with an
-squeue of the allocation every few seconds); one per Pipes tail poll; one per read of the
-step's accounting (more than one only while accounting has not caught up); one for cleanup.
+:mod:`dagster_slurm.session.session`); one reads the call's record (attach to an invocation
+an earlier attempt of the step started, or start fresh: :mod:`dagster_slurm.session.reattach`);
+for a fresh invocation one round trip writes the step's script, Pipes context and uploaded
+payload, requests the step (after checking under the session lock that the allocation is
+still current) and writes the call's record; one per status poll (status and drain files,
+with an squeue of the allocation every few seconds); one per Pipes tail poll; one per read
+of the step's accounting (more than one only while accounting has not caught up); one that
+removes the call's record (with the cleanup, when there is one).
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from __future__ import annotations
 import logging
 import shlex
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dagster import PipesClientCompletedInvocation
 
-from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.agent import exec_op, remove_op, tail_op
+from dagster_slurm.agent.results import TailRequest
+from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.jobs.final_accounting import (
     ACCOUNTING_DEADLINE,
@@ -34,14 +39,19 @@ from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.session import reattach
 from dagster_slurm.session.allocation import (
     RECORD_STEP_ID,
     STEP_ID_FILE,
+    STEP_SCRIPT,
     SlurmAllocation,
     StepHandle,
+    new_request_id,
+    step_name_for,
 )
 from dagster_slurm.session.config import refuse_mismatches
 from dagster_slurm.session.errors import (
+    SessionError,
     SlurmAllocationEnded,
     SlurmStepDrained,
     SlurmStepExecutionResult,
@@ -89,7 +99,11 @@ def step_launcher(launcher: ComputeLauncher) -> ComputeLauncher:
 @dataclass
 class SessionStep(PreparedJob):
     """One run-scope invocation: its step key, the allocation it runs in, its files (inside
-    the allocation's directory), payload, activation script (None: none) and agent."""
+    the allocation's directory), payload, activation script (None: none) and agent.
+
+    ``record_path`` and ``record``: the call's record (see
+    :mod:`dagster_slurm.session.reattach`). ``attached``: the invocation an earlier attempt
+    started, which this call attaches to (None: a fresh invocation)."""
 
     step_key: str
     allocation: SlurmAllocation
@@ -97,6 +111,9 @@ class SessionStep(PreparedJob):
     payload: PayloadSpec
     activation: str | None
     agent: Any
+    record_path: str
+    record: reattach.CallRecord
+    attached: StepHandle | None = None
 
 
 class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionResult]):
@@ -108,19 +125,46 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
 
     def _prepare(self, context: Any, request: JobRequest) -> SessionStep:
         session = self.session
-        _run_id, step_key = step_identity(context)
+        run_id, step_key = step_identity(context)
         allocation = session.ensure(context.log)
-        paths = allocation.invocation(step_key)
-        payload = payload_argv(request.payload_path, job_dir=paths.job_dir)
-        activation = session.activation()
         agent = session.slurm.agent()
+        index = reattach.CALLS.next(run_id, step_key, reattach.attempt_of(context))
+        record_path = session.paths.call_record(allocation.job_id, step_key, index)
+        fingerprint = reattach.payload_fingerprint(request.payload_path, request.launcher)
+        decision = reattach.decide(read_call_record(agent, record_path), job_id=allocation.job_id,
+                                   payload=fingerprint)
+        attached: StepHandle | None = None
+        if isinstance(decision, reattach.Attach):
+            record = decision.record
+            paths = session.paths.invocation(allocation.job_id, step_key, record.invocation)
+            _check_files(agent, paths, record_path)
+            attached = StepHandle(record.request_id, record.step_name, paths)
+        else:
+            if decision.warning:
+                context.log.warning(f"Call {index} of step {step_key} starts a fresh invocation: "
+                                    f"{decision.reason}")
+            paths = allocation.invocation(step_key)
+            record = reattach.CallRecord(allocation.job_id, paths.invocation, new_request_id(),
+                                         step_name_for(step_key), fingerprint)
+        payload = payload_argv(request.payload_path, job_dir=paths.job_dir)
+        activation = session.activation() if attached is None else None
         reader = tail_reader(agent, paths, context, self.poll_interval)
         publish_run_tag(context, allocation.job_id)
         return SessionStep(context, request, PipesDeferredFileContextInjector(paths.context), reader,
-                           step_key, allocation, paths, payload, activation, agent)
+                           step_key, allocation, paths, payload, activation, agent,
+                           record_path, record, attached)
 
     def _start(self, job: SessionStep, pipes: Any) -> StepHandle:
         allocation, paths = job.allocation, job.paths
+        if job.attached is not None:
+            job.reader.wake()
+            job.context.log.info(
+                f"Step {job.attached.name} reattached to invocation {paths.invocation} in run "
+                f"allocation {allocation.job_id} (started by an earlier attempt, request "
+                f"{job.attached.request_id}); its Pipes messages are read from the start; files "
+                f"in {paths.job_dir}"
+            )
+            return job.attached
         env = {**pipes.get_bootstrap_env_vars(), **job.request.extra_env}
         if allocation.ray_address:
             env["RAY_ADDRESS"] = allocation.ray_address
@@ -130,7 +174,9 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
             drain_signal=allocation.drain_signal,
         )
         handle = allocation.launch(paths, step_launcher(job.request.launcher).render(plan), name=job.step_key,
-                                   files=invocation_files(paths, job.payload, job.injector))
+                                   files=invocation_files(paths, job.payload, job.injector),
+                                   request_id=job.record.request_id,
+                                   after={job.record_path: job.record.to_json()})
         job.reader.wake()
         job.context.log.info(
             f"Step {handle.name} requested in run allocation {allocation.job_id}; files in "
@@ -148,7 +194,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
             # The allocation ended under the step: the next step gets a new one.
             self.session.forget(job.allocation, error.result.allocation_state)
             return
-        job.allocation.cancel_step_quietly(handle)  # the step must not outlive its Dagster step
+        _cancel_and_consume(job, handle)  # the step must not outlive its Dagster step
         if not isinstance(error, Exception) or isinstance(error, DagsterRunEnded):
             # run termination, KeyboardInterrupt, a run that ended: teardown cancels
             self.session.interrupted = True
@@ -165,15 +211,90 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         metrics = _step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
                                 deadline=ACCOUNTING_DEADLINE if reported else 0.0)
         invocation = PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
+        succeeded = not result.drained and result.exit_code == 0
+        _consume(job, remove=succeeded and not job.request.defer_cleanup, strict=succeeded)
         if result.drained:
             raise SlurmStepDrained(result, invocation)
         if result.exit_code != 0:
             raise SlurmStepFailed(result, f"files kept in {paths.job_dir}")
-        if not job.request.defer_cleanup:
-            with job.agent.batch() as batch:
-                remove_invocation(batch, paths)
         job.context.log.info(f"Step {handle.name} completed in run allocation {allocation.job_id}")
         return invocation
+
+
+def read_call_record(agent: Any, path: str) -> reattach.CallRecord | None:
+    """The call record at ``path`` (None: there is none), in one round trip. Raises
+    :class:`SessionError` naming the file when it cannot be read as a record: whether the
+    invocation it names still runs is then unknown, and a second payload is not started on
+    a guess."""
+    chunk = agent.run(tail_op([TailRequest(path, 0, 64 * 1024)])).files[0]
+    if not chunk.exists:
+        return None
+    try:
+        return reattach.CallRecord.from_json(chunk.data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        raise SessionError(
+            f"the call record {path} cannot be read ({exc}); whether the invocation of an "
+            "earlier attempt still runs is unknown. Check the step's invocations (under "
+            "steps/<step key>/ of the same allocation directory) and its Slurm steps "
+            "(`squeue -s`), then remove the file to let the call start afresh"
+        ) from None
+
+
+def _check_files(agent: Any, paths: InvocationPaths, record_path: str) -> None:
+    """Before attaching, one round trip: the recorded invocation still has its step script
+    (written before its request). Raises :class:`SessionError` when it has not (its files
+    were removed): there would be no status to wait for, and whether its payload runs is
+    unknown."""
+    script = paths.file(STEP_SCRIPT)
+    if not agent.run(tail_op([TailRequest(script, 0, 1)])).files[0].exists:
+        raise SessionError(
+            f"the call record {record_path} names invocation {paths.job_dir}, whose files are "
+            "gone (removed by hand or by cleanup_deferred_run_dir?); whether its payload still "
+            "runs is unknown. Check the allocation's steps (`squeue -s`), then remove the "
+            "record to let the call start afresh"
+        )
+
+
+def _consume(job: SessionStep, *, remove: bool, strict: bool) -> None:
+    """Remove the call's record (its outcome is read: a later call with the same key starts
+    afresh), with ``remove`` then the invocation's files, in one round trip (the files only
+    once the record is gone: a record never names an invocation without files). With
+    ``strict`` a failure raises; otherwise it is logged (a failed or drained step's own
+    error matters more)."""
+    try:
+        with job.agent.batch() as batch:
+            removed = _remove_record(batch, job)
+            if remove:
+                remove_invocation(batch, job.paths, requires=[removed])
+    except DagsterSlurmError as exc:
+        if strict:
+            raise
+        job.context.log.warning(f"could not remove the call record {job.record_path} ({exc}); "
+                                "a retry of the step attaches to this invocation again")
+
+
+def _remove_record(batch: Any, job: SessionStep, requires: Sequence[Any] = ()) -> Any:
+    """Add to ``batch`` the removal of the call's record and of its directory when empty;
+    returns the record's removal (for ``requires``)."""
+    removed = batch.add(remove_op(job.record_path, root=job.paths.base), requires=list(requires))
+    calls = job.record_path.rsplit("/", 1)[0]
+    batch.add(exec_op(["rmdir", "--ignore-fail-on-non-empty", calls, calls.rsplit("/", 1)[0]]),
+              requires=[removed])
+    return removed
+
+
+def _cancel_and_consume(job: SessionStep, handle: StepHandle) -> None:
+    """Cancel the step, then remove the call's record, in one round trip (the record only
+    once the cancel request is written: a retry must never start a second payload next to a
+    step whose cancel was lost). Logs, never raises: another error propagates."""
+    allocation = job.allocation
+    try:
+        with job.agent.batch() as batch:
+            cancelled = batch.add(allocation.cancel_op(handle))
+            _remove_record(batch, job, [cancelled])
+    except Exception as exc:  # noqa: BLE001 - logged; the original error propagates
+        log.error("could not cancel step %s of allocation %s: %s; it ends with the allocation",
+                  handle.name, allocation.job_id, exc)
 
 
 def _step_metrics(
