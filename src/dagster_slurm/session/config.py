@@ -28,8 +28,9 @@ from dagster_slurm.slurm.queue import (
 )
 from dagster_slurm.slurm.validation import validate_count, validate_slurm_name
 
-#: SlurmRunAllocationConfig field -> SlurmQueueConfig field.
-_QUEUE_FIELDS: Mapping[str, str] = {
+#: Allocation config field -> SlurmQueueConfig field: the Slurm fields a run allocation and a
+#: worker allocation share (and a worker inherits).
+QUEUE_FIELDS: Mapping[str, str] = {
     "partition": "partition",
     "num_nodes": "num_nodes",
     "cpus_per_task": "cpus",
@@ -46,7 +47,7 @@ _QUEUE_FIELDS: Mapping[str, str] = {
 
 #: SlurmQueueConfig field -> the SlurmRunAllocationConfig field a user writes for it.
 _OWN_FIELDS: Mapping[str, str] = {
-    **{queue: own for own, queue in _QUEUE_FIELDS.items()},
+    **{queue: own for own, queue in QUEUE_FIELDS.items()},
     "extra_sbatch_directives": "extra_sbatch_directives",
 }
 
@@ -222,7 +223,7 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         the field as this class spells it (``cpus_per_task``) and the value."""
         values = queue.model_dump()
         values["extra_sbatch_directives"] = list(self.extra_sbatch_directives)
-        for name, target in _QUEUE_FIELDS.items():
+        for name, target in QUEUE_FIELDS.items():
             value = getattr(self, name)
             if value is not None:
                 values[target] = value

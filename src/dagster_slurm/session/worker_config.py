@@ -34,6 +34,7 @@ from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.ray import RAY_MANAGED_OPTIONS
 from dagster_slurm.session.config import (
     ALLOCATION_VALIDATORS,
+    QUEUE_FIELDS,
     SlurmRunAllocationConfig,
     _in_own_words,
 )
@@ -50,20 +51,7 @@ WORKER_RESOURCE = "dagster_slurm_worker"
 DEFAULT_REJOIN_TIMEOUT = 600.0
 
 #: Own field -> SlurmQueueConfig field, for every Slurm field a worker allocation inherits.
-INHERITED_FIELDS: Mapping[str, str] = {
-    "partition": "partition",
-    "num_nodes": "num_nodes",
-    "cpus_per_task": "cpus",
-    "gpus_per_node": "gpus_per_node",
-    "mem": "mem",
-    "mem_per_cpu": "mem_per_cpu",
-    "time_limit": "time_limit",
-    "time_min": "time_min",
-    "qos": "qos",
-    "account": "account",
-    "reservation": "reservation",
-    "signal_before_timeout": "signal_before_timeout",
-}
+INHERITED_FIELDS: Mapping[str, str] = QUEUE_FIELDS
 
 #: Fields that apply to one submission only and never inherit.
 PER_SUBMISSION_FIELDS: tuple[str, ...] = (
