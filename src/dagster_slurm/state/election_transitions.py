@@ -44,7 +44,7 @@ from typing import Any
 
 from dagster_slurm.agent.remote.patch import make_pointer
 from dagster_slurm.state.schema import Election, SessionDocument
-from dagster_slurm.state.successor_transitions import REPLACED_STATE, _history_entry
+from dagster_slurm.state.successor_transitions import replace_head_ops
 from dagster_slurm.state.transitions import HEAD, Change, Outcome, Refused, closed_message
 from dagster_slurm.state.transitions import _edge as _head_edge
 
@@ -277,17 +277,7 @@ def install_elected_head(doc: SessionDocument | None, *, owner: str, term: int, 
     patch: list[Mapping[str, Any]] = [*_holds(owner, term), _unexpired(),
                                       {"op": "test", "path": worker, "value": raw_worker}]
     predecessor = doc.allocation
-    if predecessor is None:
-        patch.append({"op": "absent", "path": HEAD})
-    else:
-        raw, history_name, entry = _history_entry(doc, HEAD, REPLACED_STATE)
-        patch += [
-            {"op": "test", "path": HEAD, "value": raw},
-            {"op": "setdefault", "path": "/history", "value": {}},
-            {"op": "add", "path": make_pointer("history", history_name), "value": entry},
-            {"op": "add", "path": make_pointer("history", history_name, "ended_at"),
-             "value_now": 0},
-        ]
+    patch += replace_head_ops(doc)
     head = {"kind": WORKER_HEAD_KIND, "job_id": job_id, "token": record.token,
             "status": "submitted", "config": dict(record.config), "nodes": list(nodes),
             "ray_address": ray_address, "submitted_at": record.submitted_at,

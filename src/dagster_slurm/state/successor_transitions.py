@@ -140,6 +140,22 @@ def _history_entry(doc: SessionDocument, pointer: str, final_state: str | None) 
         record, final_state=final_state)
 
 
+def replace_head_ops(doc: SessionDocument) -> list[Mapping[str, Any]]:
+    """Patch operations retiring the head record so that another allocation can take its
+    place: the head, unchanged since ``doc`` was read, goes to the history as ``REPLACED``
+    (stamped ``ended_at``); without a head record, none may have appeared meanwhile."""
+    if doc.allocation is None:
+        return [{"op": "absent", "path": HEAD}]
+    raw, history_name, entry = _history_entry(doc, HEAD, REPLACED_STATE)
+    return [
+        {"op": "test", "path": HEAD, "value": raw},
+        {"op": "setdefault", "path": "/history", "value": {}},
+        {"op": "add", "path": make_pointer("history", history_name), "value": entry},
+        {"op": "add", "path": make_pointer("history", history_name, "ended_at"),
+         "value_now": 0},
+    ]
+
+
 def retire_successor(doc: SessionDocument | None, *, token: str,
                      final_state: str | None) -> Outcome:
     """Move the successor record of ``token`` (it ended, or its submission failed, before
@@ -185,17 +201,7 @@ def promote_successor(doc: SessionDocument | None, *, job_id: str, predecessor: 
         return refused
     successor_raw, _, _ = _history_entry(doc, SUCCESSOR, None)
     patch: list[Mapping[str, Any]] = [{"op": "test", "path": SUCCESSOR, "value": successor_raw}]
-    if predecessor is None:
-        patch.append({"op": "absent", "path": HEAD})
-    else:
-        raw, history_name, entry = _history_entry(doc, HEAD, REPLACED_STATE)
-        patch += [
-            {"op": "test", "path": HEAD, "value": raw},
-            {"op": "setdefault", "path": "/history", "value": {}},
-            {"op": "add", "path": make_pointer("history", history_name), "value": entry},
-            {"op": "add", "path": make_pointer("history", history_name, "ended_at"),
-             "value_now": 0},
-        ]
+    patch += replace_head_ops(doc)
     head = dict(doc.model_dump(mode="json")["successor"], kind="head", nodes=list(nodes),
                 ray_address=ray_address, promoted_from=predecessor)
     head.pop("drain_requested_at", None)
