@@ -121,7 +121,7 @@ def _time_left(view: SchedulerView, job_id: str) -> float:
 
 
 # -- choose_head -------------------------------------------------------------------------------
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=documents(), view=views(), fixed=st.booleans())
 def test_choose_head_keeps_every_guarantee(raw: dict[str, Any], view: SchedulerView,
                                            fixed: bool) -> None:
