@@ -38,14 +38,13 @@ Claim states (:class:`ClaimState`, derived at a given time by :func:`claim_state
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from dagster_slurm.agent.remote.patch import make_pointer
 from dagster_slurm.state.schema import Election, SessionDocument
 from dagster_slurm.state.successor_transitions import replace_head_ops
-from dagster_slurm.state.transitions import HEAD, Change, Outcome, Refused, closed_message
+from dagster_slurm.state.transitions import HEAD, Change, Edge, Outcome, Refused, closed_message
 from dagster_slurm.state.transitions import _edge as _head_edge
 
 ELECTION = "/election"
@@ -69,32 +68,22 @@ class ClaimState(str, Enum):
     """The elector's claim expired (it died or stalled): the next elector may take over."""
 
 
-@dataclass(frozen=True)
-class ClaimEdge:
-    """One allowed transition of the election claim."""
-
-    source: ClaimState
-    name: str
-    target: ClaimState
-    why: str
-
-
 C = ClaimState
-ELECTION_TRANSITIONS: tuple[ClaimEdge, ...] = (
-    ClaimEdge(C.FREE, "claim_election", C.CLAIMED,
-              "the head is gone or draining: the first caller claims the next term with a lease"),
-    ClaimEdge(C.EXPIRED, "claim_election", C.CLAIMED,
-              "the elector died or stalled: take over, counting a failure of its candidate"),
-    ClaimEdge(C.CLAIMED, "renew_election", C.CLAIMED,
-              "the elector still starts the head (a new allocation may queue): lease extended"),
-    ClaimEdge(C.CLAIMED, "complete_election", C.FREE,
-              "the new head runs: the claim is released, the waiting callers read the head"),
-    ClaimEdge(C.CLAIMED, "install_elected_head", C.FREE,
-              "the control plane runs on the elected worker allocation: it becomes the head"),
-    ClaimEdge(C.CLAIMED, "fail_election", C.FREE,
-              "the head did not start on the candidate: one failure counted, claim released"),
-    ClaimEdge(C.EXPIRED, "fail_election", C.FREE,
-              "an elector past its lease reports the failure while nobody took over"),
+ELECTION_TRANSITIONS: tuple[Edge[ClaimState], ...] = (
+    Edge(C.FREE, "claim_election", C.CLAIMED,
+         "the head is gone or draining: the first caller claims the next term with a lease"),
+    Edge(C.EXPIRED, "claim_election", C.CLAIMED,
+         "the elector died or stalled: take over, counting a failure of its candidate"),
+    Edge(C.CLAIMED, "renew_election", C.CLAIMED,
+         "the elector still starts the head (a new allocation may queue): lease extended"),
+    Edge(C.CLAIMED, "complete_election", C.FREE,
+         "the new head runs: the claim is released, the waiting callers read the head"),
+    Edge(C.CLAIMED, "install_elected_head", C.FREE,
+         "the control plane runs on the elected worker allocation: it becomes the head"),
+    Edge(C.CLAIMED, "fail_election", C.FREE,
+         "the head did not start on the candidate: one failure counted, claim released"),
+    Edge(C.EXPIRED, "fail_election", C.FREE,
+         "an elector past its lease reports the failure while nobody took over"),
 )
 
 ELECTION_TABLE: Mapping[tuple[ClaimState, str], ClaimState] = {

@@ -48,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from dagster_slurm.agent.remote.patch import make_pointer
 from dagster_slurm.state.schema import Allocation, SessionDocument
@@ -78,21 +78,24 @@ class HeadState(str, Enum):
     except by ``retire``."""
 
 
+S = TypeVar("S")
+
 ANY = "*"
 """In :data:`TRANSITIONS`: a session-wide transition allowed in every state, which keeps it."""
 
 
 @dataclass(frozen=True)
-class Edge:
-    """One allowed transition: from ``source``, ``name`` leads to ``target``."""
+class Edge(Generic[S]):
+    """One allowed transition of a state table: from ``source``, ``name`` leads to
+    ``target`` (the head's table here; the worker and election tables use it too)."""
 
-    source: HeadState | str
+    source: S
     name: str
-    target: HeadState | str
+    target: S
     why: str
 
 
-TRANSITIONS: tuple[Edge, ...] = (
+TRANSITIONS: tuple[Edge[HeadState | str], ...] = (
     Edge(HeadState.ABSENT, "submit_head", HeadState.SUBMITTING,
          "no head yet: the first process records its token under the lock, then runs sbatch"),
     Edge(HeadState.SUBMITTING, "head_submitted", HeadState.SUBMITTED,

@@ -34,7 +34,6 @@ A worker allocation's states (:class:`WorkerState`, derived by :func:`worker_sta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -43,6 +42,7 @@ from dagster_slurm.state.schema import SessionDocument, Worker
 from dagster_slurm.state.transitions import (
     SUBMIT_GUARDS,
     Change,
+    Edge,
     Outcome,
     Patch,
     Refused,
@@ -73,51 +73,40 @@ class WorkerState(str, Enum):
     """A status this library does not know (a newer one wrote it): never acted upon."""
 
 
-@dataclass(frozen=True)
-class WorkerEdge:
-    """One allowed transition of a worker allocation: from ``source``, ``name`` leads to
-    ``target``."""
-
-    source: WorkerState
-    name: str
-    target: WorkerState
-    why: str
-
-
 W = WorkerState
-WORKER_TRANSITIONS: tuple[WorkerEdge, ...] = (
-    WorkerEdge(W.ABSENT, "submit_worker", W.SUBMITTING,
-               "a worker allocation is added: its token is recorded under the lock, then sbatch runs"),
-    WorkerEdge(W.SUBMITTING, "worker_submitted", W.SUBMITTED,
-               "sbatch printed a job id: the worker record appears with it (agent's submit)"),
-    WorkerEdge(W.SUBMITTING, "worker_submit_failed", W.FAILED,
-               "sbatch refused the job; its message is kept in the submission record"),
-    WorkerEdge(W.SUBMITTING, "worker_submit_in_doubt", W.IN_DOUBT,
-               "sbatch did not answer in time; the job may exist under the token"),
-    WorkerEdge(W.SUBMITTING, "settle_worker_found", W.SUBMITTED,
-               "the submitter vanished, but squeue lists a job carrying its token"),
-    WorkerEdge(W.IN_DOUBT, "settle_worker_found", W.SUBMITTED,
-               "sbatch did not answer, but squeue lists a job carrying the token"),
-    WorkerEdge(W.FAILED, "settle_worker_found", W.SUBMITTED,
-               "sbatch reported a failure, yet squeue lists a job carrying the token"),
-    WorkerEdge(W.SUBMITTING, "settle_worker_lost", W.FAILED,
-               "the submitter vanished and squeue lists no job carrying its token"),
-    WorkerEdge(W.IN_DOUBT, "settle_worker_lost", W.FAILED,
-               "sbatch did not answer and squeue lists no job carrying the token"),
-    WorkerEdge(W.SUBMITTED, "record_worker_joined", W.JOINED,
-               "every node of the allocation joined the head; nodes and Ray node ids recorded"),
-    WorkerEdge(W.JOINED, "record_worker_joined", W.JOINED,
-               "the nodes joined a new head: the new Ray node ids replace the old ones"),
-    WorkerEdge(W.SUBMITTED, "request_worker_drain", W.DRAINING,
-               "removal of an allocation that has not joined yet: the deadline is persisted"),
-    WorkerEdge(W.JOINED, "request_worker_drain", W.DRAINING,
-               "removal (or the pre-walltime signal): the deadline is persisted before Ray drains"),
-    WorkerEdge(W.SUBMITTED, "release_worker", W.RELEASED,
-               "the job ended or was cancelled before its nodes joined a head"),
-    WorkerEdge(W.JOINED, "release_worker", W.RELEASED,
-               "the job ended, or it released itself after rejoin_timeout without a head"),
-    WorkerEdge(W.DRAINING, "release_worker", W.RELEASED,
-               "every node left after the drain (or the deadline passed) and the job ended"),
+WORKER_TRANSITIONS: tuple[Edge[WorkerState], ...] = (
+    Edge(W.ABSENT, "submit_worker", W.SUBMITTING,
+         "a worker allocation is added: its token is recorded under the lock, then sbatch runs"),
+    Edge(W.SUBMITTING, "worker_submitted", W.SUBMITTED,
+         "sbatch printed a job id: the worker record appears with it (agent's submit)"),
+    Edge(W.SUBMITTING, "worker_submit_failed", W.FAILED,
+         "sbatch refused the job; its message is kept in the submission record"),
+    Edge(W.SUBMITTING, "worker_submit_in_doubt", W.IN_DOUBT,
+         "sbatch did not answer in time; the job may exist under the token"),
+    Edge(W.SUBMITTING, "settle_worker_found", W.SUBMITTED,
+         "the submitter vanished, but squeue lists a job carrying its token"),
+    Edge(W.IN_DOUBT, "settle_worker_found", W.SUBMITTED,
+         "sbatch did not answer, but squeue lists a job carrying the token"),
+    Edge(W.FAILED, "settle_worker_found", W.SUBMITTED,
+         "sbatch reported a failure, yet squeue lists a job carrying the token"),
+    Edge(W.SUBMITTING, "settle_worker_lost", W.FAILED,
+         "the submitter vanished and squeue lists no job carrying its token"),
+    Edge(W.IN_DOUBT, "settle_worker_lost", W.FAILED,
+         "sbatch did not answer and squeue lists no job carrying the token"),
+    Edge(W.SUBMITTED, "record_worker_joined", W.JOINED,
+         "every node of the allocation joined the head; nodes and Ray node ids recorded"),
+    Edge(W.JOINED, "record_worker_joined", W.JOINED,
+         "the nodes joined a new head: the new Ray node ids replace the old ones"),
+    Edge(W.SUBMITTED, "request_worker_drain", W.DRAINING,
+         "removal of an allocation that has not joined yet: the deadline is persisted"),
+    Edge(W.JOINED, "request_worker_drain", W.DRAINING,
+         "removal (or the pre-walltime signal): the deadline is persisted before Ray drains"),
+    Edge(W.SUBMITTED, "release_worker", W.RELEASED,
+         "the job ended or was cancelled before its nodes joined a head"),
+    Edge(W.JOINED, "release_worker", W.RELEASED,
+         "the job ended, or it released itself after rejoin_timeout without a head"),
+    Edge(W.DRAINING, "release_worker", W.RELEASED,
+         "every node left after the drain (or the deadline passed) and the job ended"),
 )
 
 WORKER_TABLE: Mapping[tuple[WorkerState, str], WorkerState] = {
