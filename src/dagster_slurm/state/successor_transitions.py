@@ -34,6 +34,8 @@ from dagster_slurm.state.transitions import (
     _submitted,
     closed_message,
     head_state,
+    sbatch_answered_ops,
+    sbatch_failed_ops,
 )
 
 SUCCESSOR = "/successor"
@@ -104,14 +106,7 @@ def successor_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
     refused = _successor_is(doc, "successor_submitted", "token", token)
     if refused is not None:
         return refused
-    return Change("successor_submitted", (
-        {"op": "test", "path": f"{SUCCESSOR}/token", "value": token},
-        {"op": "test", "path": f"{SUCCESSOR}/status", "value": "submitting"},
-        {"op": "add", "path": f"{SUCCESSOR}/status", "value": "submitted"},
-        {"op": "add", "path": f"{SUCCESSOR}/job_id", "value": job_id},
-        {"op": "add", "path": f"{SUCCESSOR}/rc", "value": rc},
-        {"op": "add", "path": f"{SUCCESSOR}/finished_at", "value_now": 0},
-    ))
+    return Change("successor_submitted", sbatch_answered_ops(SUCCESSOR, token, job_id, rc))
 
 
 def successor_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
@@ -120,14 +115,8 @@ def successor_submit_failed(doc: SessionDocument | None, *, token: str, error: s
     refused = _successor_is(doc, "successor_submit_failed", "token", token)
     if refused is not None:
         return refused
-    return Change("successor_submit_failed", (
-        {"op": "test", "path": f"{SUCCESSOR}/token", "value": token},
-        {"op": "test", "path": f"{SUCCESSOR}/status", "value": "submitting"},
-        {"op": "add", "path": f"{SUCCESSOR}/status", "value": "unknown" if in_doubt else "failed"},
-        {"op": "add", "path": f"{SUCCESSOR}/rc", "value": rc},
-        {"op": "add", "path": f"{SUCCESSOR}/error", "value": error[-2000:]},
-        {"op": "add", "path": f"{SUCCESSOR}/finished_at", "value_now": 0},
-    ))
+    return Change("successor_submit_failed",
+                  sbatch_failed_ops(SUCCESSOR, token, error, rc, in_doubt))
 
 
 def _history_entry(doc: SessionDocument, pointer: str, final_state: str | None) -> tuple[

@@ -306,6 +306,32 @@ def _submitting(token: str) -> Patch:
             {"op": "test", "path": f"{HEAD}/status", "value": "submitting"})
 
 
+def sbatch_answered_ops(pointer: str, token: str | None, job_id: str, rc: int | None) -> Patch:
+    """The record at ``pointer`` (a head, successor or worker submission; ``token``'s when
+    given), still SUBMITTING, becomes SUBMITTED as job ``job_id`` with sbatch's ``rc``."""
+    guard = () if token is None else ({"op": "test", "path": f"{pointer}/token", "value": token},)
+    return (*guard,
+            {"op": "test", "path": f"{pointer}/status", "value": "submitting"},
+            {"op": "add", "path": f"{pointer}/status", "value": "submitted"},
+            {"op": "add", "path": f"{pointer}/job_id", "value": job_id},
+            {"op": "add", "path": f"{pointer}/rc", "value": rc},
+            {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0})
+
+
+def sbatch_failed_ops(pointer: str, token: str | None, error: str, rc: int | None,
+                      in_doubt: bool) -> Patch:
+    """The record at ``pointer`` (``token``'s when given), still SUBMITTING, becomes
+    ``failed`` (sbatch refused) or ``unknown`` (``in_doubt``: sbatch did not answer), keeping
+    sbatch's ``rc`` and the end of its message."""
+    guard = () if token is None else ({"op": "test", "path": f"{pointer}/token", "value": token},)
+    return (*guard,
+            {"op": "test", "path": f"{pointer}/status", "value": "submitting"},
+            {"op": "add", "path": f"{pointer}/status", "value": "unknown" if in_doubt else "failed"},
+            {"op": "add", "path": f"{pointer}/rc", "value": rc},
+            {"op": "add", "path": f"{pointer}/error", "value": error[-2000:]},
+            {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0})
+
+
 def _submitted(job_id: str) -> Patch:
     """Guards: the head record is job ``job_id``'s (SUBMITTED, READY or DRAINING)."""
     return ({"op": "test", "path": f"{HEAD}/job_id", "value": job_id},
@@ -330,13 +356,7 @@ def head_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
     refused = _owns(doc, "head_submitted", "token", token) or _edge(doc, "head_submitted")
     if refused is not None:
         return refused
-    return Change("head_submitted", (
-        *_submitting(token),
-        {"op": "add", "path": f"{HEAD}/status", "value": "submitted"},
-        {"op": "add", "path": f"{HEAD}/job_id", "value": job_id},
-        {"op": "add", "path": f"{HEAD}/rc", "value": rc},
-        {"op": "add", "path": f"{HEAD}/finished_at", "value_now": 0},
-    ))
+    return Change("head_submitted", sbatch_answered_ops(HEAD, token, job_id, rc))
 
 
 def head_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
@@ -346,13 +366,7 @@ def head_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
     refused = _owns(doc, name, "token", token) or _edge(doc, name)
     if refused is not None:
         return refused
-    return Change(name, (
-        *_submitting(token),
-        {"op": "add", "path": f"{HEAD}/status", "value": "unknown" if in_doubt else "failed"},
-        {"op": "add", "path": f"{HEAD}/rc", "value": rc},
-        {"op": "add", "path": f"{HEAD}/error", "value": error[-2000:]},
-        {"op": "add", "path": f"{HEAD}/finished_at", "value_now": 0},
-    ))
+    return Change(name, sbatch_failed_ops(HEAD, token, error, rc, in_doubt))
 
 
 def settle_found(doc: SessionDocument | None, *, token: str, job_id: str) -> Outcome:

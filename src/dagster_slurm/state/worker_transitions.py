@@ -47,6 +47,7 @@ from dagster_slurm.state.transitions import (
     Patch,
     Refused,
     closed_message,
+    sbatch_failed_ops,
 )
 
 
@@ -260,14 +261,7 @@ def worker_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
     refused = _edge(name, worker_state(doc, token=token), f"with token {token!r}")
     if refused is not None:
         return refused
-    pointer = _submission(token)
-    return Change(name, (
-        {"op": "test", "path": f"{pointer}/status", "value": "submitting"},
-        {"op": "add", "path": f"{pointer}/status", "value": "unknown" if in_doubt else "failed"},
-        {"op": "add", "path": f"{pointer}/rc", "value": rc},
-        {"op": "add", "path": f"{pointer}/error", "value": error[-2000:]},
-        {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0},
-    ))
+    return Change(name, sbatch_failed_ops(_submission(token), None, error, rc, in_doubt))
 
 
 def settle_worker_found(doc: SessionDocument | None, *, token: str, job_id: str) -> Outcome:
