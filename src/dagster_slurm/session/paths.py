@@ -11,6 +11,9 @@ Layout under ``<base>/sessions/<run id>-<config digest>/``::
     jobs/<job id>/steps/<step>/<invocation>/   one compute.run: Pipes files, status, drain
     jobs/<job id>/calls/<step>/<n>.json        which invocation the step's call n uses, while
                                                its outcome is unread (dagster_slurm.session.reattach)
+    ray_head                   the run's current Ray head (job_id, ray_address, host, written_at
+                               lines): the session's worker allocations join it and follow it
+    jobs/<worker job id>/      per worker allocation: nodes, ray_nodes, state, drain
 
 The document, its lock and the heartbeat stay at the same place across allocations, so a
 restarted process finds the session (and any successor) from the run id alone.
@@ -106,3 +109,21 @@ class SessionPaths:
         """The record of call ``index`` (0: the first ``compute.run`` of an attempt) of
         step ``step_key`` in allocation ``job_id``: which invocation it uses."""
         return f"{self.calls_dir(job_id, step_key)}/{int(index)}.json"
+
+    @property
+    def ray_head(self) -> str:
+        """The file naming the run's current Ray head, which worker allocations follow."""
+        return f"{self.session_dir}/ray_head"
+
+    def ray_nodes(self, job_id: str) -> str:
+        """Worker allocation ``job_id``'s joined nodes: ``<host> <ray node id> <head job id>``
+        per line, rewritten atomically whenever a node joins or leaves."""
+        return f"{self.job_dir(job_id)}/ray_nodes"
+
+    def worker_state(self, job_id: str) -> str:
+        """Worker allocation ``job_id``'s state word (see ``templates/ray_worker.sh``)."""
+        return f"{self.job_dir(job_id)}/state"
+
+    def worker_drain(self, job_id: str) -> str:
+        """The drain request of worker allocation ``job_id`` (``deadline=<epoch seconds>``)."""
+        return f"{self.job_dir(job_id)}/drain"

@@ -6,7 +6,10 @@
 #
 #   * <job dir>/nodes lists the allocation's hosts, <job dir>/ready says the allocation
 #     accepts steps (written once, atomically, with the Ray address when there is one, and
-#     the drain signal when the allocation was drained before the server started);
+#     the drain signal when the allocation was drained before the server started); with
+#     Ray, <session dir>/ray_head (job_id, ray_address, host, written_at lines, written
+#     atomically just before) names this allocation as the run's Ray head, which the
+#     session's worker allocations join;
 #   * a step is requested by a file requests/<id>.request (seven lines: script, stdout
 #     file, stderr file, status file, drain file, step name, step id file); the server
 #     claims it by renaming it to <id>.taken and starts 'srun --overlap' on the head node in
@@ -149,6 +152,17 @@ scontrol show hostnames "${SLURM_JOB_NODELIST:-$__ss_head}" > "$__ss_job_dir/nod
     printf 'started_at=%s\n' "$__ss_started"
     printf 'drained=%s\n' "$__ss_drained"
 } > "$__ss_job_dir/ready.tmp.$$" && mv -f -- "$__ss_job_dir/ready.tmp.$$" "$__ss_job_dir/ready"
+# The run's Ray head, for the worker allocations of the session (templates/ray_worker.sh):
+# they join the cluster this file names and follow it when another head writes it.
+if [ -n "${RAY_ADDRESS:-}" ]; then
+    {
+        printf 'job_id=%s\n' "$__ss_job"
+        printf 'ray_address=%s\n' "$RAY_ADDRESS"
+        printf 'host=%s\n' "$__ss_head"
+        printf 'written_at=%s\n' "$(date +%s)"
+    } > "$__ss_session_dir/ray_head.tmp.$$" \
+        && mv -f -- "$__ss_session_dir/ray_head.tmp.$$" "$__ss_session_dir/ray_head"
+fi
 __ss_log "accepting steps on $__ss_head (allocation $__ss_job${RAY_ADDRESS:+, Ray at $RAY_ADDRESS})"
 
 # Start the step requested by file $1 (already claimed).
