@@ -19,7 +19,8 @@ from dagster_slurm.agent.results import TailRequest, TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
 from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.slurm.accounting import SacctRecord
+from dagster_slurm.slurm.commands import SbatchSpec, scancel_argv
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.store import AgentStateStore, StateStore
@@ -43,6 +44,10 @@ for f in *.taken; do
 done
 exit 0
 """
+
+
+#: Words of scancel's message when the job it should signal has ended.
+_JOB_GONE = ("Invalid job id", "already completing or completed", "Job has already finished")
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,9 @@ class SessionIO(Protocol):
         claimed by its step server (``waiting <request id>``), or started without a status
         file yet (``running <step name>``)."""
 
-    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
-        """squeue for the session's job name(s)."""
+    def queue(self, job_names: Sequence[str], known_ids: Sequence[str] = ()) -> StatusSnapshot:
+        """squeue for the session's job name(s); ``known_ids`` that squeue no longer lists
+        are reported absent (a certain answer: they ended), with sacct's record if any."""
 
     def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
         """The ready file of ``job_id`` and, with ``with_status``, squeue (one round trip)."""
@@ -102,6 +108,14 @@ class SessionIO(Protocol):
 
     def cancel(self, job_ids: Sequence[str] = (), *, job_name: str | None = None) -> None:
         """scancel the jobs (by id, or every job of ``job_name``)."""
+
+    def signal_batch(self, job_id: str, signal: str, files: Files | None = None) -> bool:
+        """Write ``files``, then ``scancel --batch --signal=<signal> <job id>`` (one round
+        trip; the signal is sent only once the files are written). False when scancel says
+        the job is no longer there (it ended); raises SchedulerError when it failed."""
+
+    def accounting(self, job_ids: Sequence[str]) -> Mapping[str, SacctRecord]:
+        """sacct for the jobs, by job id (empty when sacct failed or knows none of them)."""
 
     def tail(self, path: str, lines: int) -> str:
         """The last ``lines`` lines of a file on the cluster (``""`` when missing)."""
@@ -164,8 +178,8 @@ class AgentSessionIO:
                                  f"{result.stderr.strip() or f'exit code {result.rc}'}")
         return [line for line in result.stdout.splitlines() if line.strip()]
 
-    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
-        return self.scheduler.status(list(job_names))
+    def queue(self, job_names: Sequence[str], known_ids: Sequence[str] = ()) -> StatusSnapshot:
+        return self.scheduler.status(list(job_names), list(known_ids))
 
     def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
         scheduler = self.scheduler
@@ -193,6 +207,29 @@ class AgentSessionIO:
             self.scheduler.cancel(job_name=job_name)
         else:
             self.scheduler.cancel(list(job_ids))
+
+    def signal_batch(self, job_id: str, signal: str, files: Files | None = None) -> bool:
+        scheduler = self.scheduler
+        with scheduler.agent.batch() as batch:
+            written = [batch.add(write_file_op(path, content, mode=mode, makedirs=True))
+                       for path, (content, mode) in (files or {}).items()]
+            signalled = batch.add(exec_op(scancel_argv([job_id], signal=signal,
+                                                       batch_only=True), timeout=60),
+                                  requires=written)
+        for item in written:
+            item.result()
+        result = signalled.result()
+        scheduler.stats.count("scancel")
+        if result.rc == 0:
+            return True
+        message = (result.stderr or result.stdout).strip()
+        if any(words in message for words in _JOB_GONE):
+            return False
+        raise SchedulerError(f"scancel --batch --signal={signal} {job_id} failed: "
+                             f"{message or f'exit code {result.rc}'}")
+
+    def accounting(self, job_ids: Sequence[str]) -> Mapping[str, SacctRecord]:
+        return self.scheduler.accounting(list(job_ids))
 
     def tail(self, path: str, lines: int) -> str:
         from dagster_slurm.session.allocation import last_lines

@@ -7,7 +7,12 @@ but an allocation of the session is still in the queue (a teardown that could no
 An asset-scope job is an orphan on the same two grounds, its heartbeat being the waiting
 step's status polls (see :mod:`~dagster_slurm.session.orphan_assets`); a finished run's
 jobs are cancelled without failing the run again. Work of runs the instance does not know
-is left alone: the base path may be shared with other deployments. When the instance
+is left alone: the base path may be shared with other deployments. Which allocation is the
+head does not matter: a run whose head ended while its successor runs, or while its worker
+allocations wait for a new head, is judged by its supervisor's signs of life alone (a
+worker allocation's submission and a head election count among them), and once judged
+orphaned its worker allocations are cancelled with the rest (they carry the session's job
+name) and recorded as released. When the instance
 cannot be read or squeue does not answer, everything is kept and the reason logged.
 
 Cost: one round trip lists the session documents and the asset jobs' records, one reads
@@ -26,6 +31,7 @@ from typing import Any
 
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.resources.slurm import SlurmResource
+from dagster_slurm.scheduler.client import StatusSnapshot
 from dagster_slurm.session.orphan_assets import AssetJobRecord, judge_asset_job
 from dagster_slurm.session.orphan_io import (
     AgentOrphanIO,
@@ -38,8 +44,10 @@ from dagster_slurm.session.orphan_runs import UNFINISHED as _UNFINISHED
 from dagster_slurm.session.orphan_runs import Unknown as _Unknown
 from dagster_slurm.session.orphan_runs import quiet_for as _quiet_for
 from dagster_slurm.session.orphan_runs import run_of as _run_of
+from dagster_slurm.state.election import SchedulerView, workers_await_head
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.transitions import Change, close_session
+from dagster_slurm.state.worker_transitions import release_live_workers
 
 __all__ = [
     "AgentOrphanIO", "OrphanIO", "OrphanListing", "OrphanReport", "SessionRecord",
@@ -72,13 +80,18 @@ class OrphanReport:
 
 def _last_sign_of_life(doc: SessionDocument) -> float | None:
     """The latest time a supervisor acted for the session: its heartbeat, the head's
-    submission or readiness (a promoted successor's included), a successor's submission.
-    Which allocation is the head, and whether earlier ones ended, does not matter: a run
-    whose first allocation ended while its successor runs is judged by these alone."""
-    head, successor = doc.allocation, doc.successor
+    submission or readiness (a promoted successor's included), a successor's submission,
+    a worker allocation's submission, the start of a head election. Which allocation is
+    the head, and whether earlier ones ended, does not matter: a run whose first allocation
+    ended while its successor runs, or while its worker allocations wait for a new head,
+    is judged by these alone."""
+    head, successor, election = doc.allocation, doc.successor, doc.election
     times = [doc.heartbeat.at if doc.heartbeat else None,
              head.submitted_at if head else None, head.ready_at if head else None,
-             successor.submitted_at if successor else None, doc.created_at]
+             successor.submitted_at if successor else None, doc.created_at,
+             election.started_at if election else None,
+             *(worker.submitted_at for worker in doc.workers.values()),
+             *(submission.submitted_at for submission in doc.worker_submissions.values())]
     known = [float(t) for t in times if t is not None]
     return max(known) if known else None
 
@@ -171,11 +184,12 @@ def reconcile_orphaned_slurm_runs(
         )
         if run is None and not live:
             continue  # finished run, nothing left in the queue
-        report = OrphanReport(str(doc.run_id), doc.job_name, live, reason,
+        report = OrphanReport(str(doc.run_id), doc.job_name, live,
+                              _with_workers(reason, doc, snapshot, record.now),
                               _fails(run, doc.run_id, failed))
         reports.append(report)
         if not dry_run:
-            _act(instance, io, record.path, report, run)
+            _act(instance, io, record, report, run)
     for job, reason, run in jobs:
         queued = snapshot.queue.get(str(job.job_id))
         if queued is None or queued.name != job.job_name or not queued.state.active:
@@ -186,6 +200,15 @@ def reconcile_orphaned_slurm_runs(
         if not dry_run:
             _act_on_job(instance, io, report, run)
     return reports
+
+
+def _with_workers(reason: str, doc: SessionDocument, snapshot: StatusSnapshot,
+                  now: float) -> str:
+    """``reason``, saying so when the session's worker allocations wait for a new head."""
+    view = SchedulerView.from_squeue(snapshot.queue, observed_at=snapshot.observed_at or now)
+    if workers_await_head(doc, view):
+        return f"{reason}; its worker allocation(s) wait for a new head"
+    return reason
 
 
 def _fails(run: Any, run_id: str | None, failed: set[str]) -> bool:
@@ -236,13 +259,17 @@ def _sort_sessions(
     return candidates, prunable
 
 
-def _act(instance: Any, io: OrphanIO, path: str, report: OrphanReport, run: Any) -> None:
+def _act(instance: Any, io: OrphanIO, record: SessionRecord, report: OrphanReport,
+         run: Any) -> None:
     log.warning("orphaned run session %s (run %s): %s; cancelling %s", report.job_name,
                 report.run_id, report.reason, ", ".join(report.job_ids) or "nothing queued")
     io.cancel(report.job_name)
     closing = close_session(None, reason=f"orphan: {report.reason}")
     assert isinstance(closing, Change)
-    io.apply(path, closing)
+    io.apply(record.path, closing)
+    released = release_live_workers(record.doc)  # cancelled with the session's job name
+    if released is not None:
+        io.apply(record.path, released)
     if report.run_marked_failed:
         instance.report_run_failed(
             run,

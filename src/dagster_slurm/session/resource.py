@@ -18,6 +18,8 @@ from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SlurmStepExecutionResult
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.session.successor import SuccessorAllocation
+from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.slurm.states import JobState
 
 
 class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
@@ -28,7 +30,9 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     ``execute_in_session(context, command)`` runs a command as a step of the allocation
     and returns a :class:`~dagster_slurm.session.errors.SlurmStepExecutionResult`;
     ``submit_successor`` / ``promote_successor`` carry the run on in a successor allocation
-    (the session's methods of the same names). The
+    (the session's methods of the same names); ``add_worker_allocation``,
+    ``wait_for_worker_allocation``, ``remove_worker_allocation`` and ``worker_allocations``
+    grow and shrink its Ray cluster with worker allocations. The
     allocation is cancelled at the run's teardown (see :mod:`dagster_slurm.session.lifecycle`).
 
     ``session_class`` (a class attribute, not configuration): the :class:`RunSession`
@@ -102,6 +106,35 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         queued one to start first); see :meth:`RunSession.promote_successor`."""
         return self.get_session(context).promote_successor(
             launcher, activation_script, logger=getattr(context, "log", None), wait=wait)
+
+    def add_worker_allocation(self, context: Any, config: SlurmWorkerAllocationConfig) -> Any:
+        """Submit a worker allocation whose nodes join the run's Ray cluster; returns its
+        handle once sbatch answered (see ``dagster_slurm.session.workers``)."""
+        from dagster_slurm.session.workers import add_worker_allocation
+
+        return add_worker_allocation(self.get_session(context), config,
+                                     logger=getattr(context, "log", None))
+
+    def wait_for_worker_allocation(self, context: Any, allocation: Any,
+                                   timeout: float | None = None) -> list[str]:
+        """Wait until every node of ``allocation`` joined the run's Ray cluster (``timeout``
+        seconds at most; None: no limit); their Ray node ids."""
+        from dagster_slurm.session.workers import wait_for_worker_allocation
+
+        return wait_for_worker_allocation(self.get_session(context), allocation,
+                                          timeout=timeout, logger=getattr(context, "log", None))
+
+    def remove_worker_allocation(self, context: Any, allocation: Any,
+                                 drain_timeout: float = 600.0,
+                                 wait: bool = True) -> JobState | None:
+        """Drain (or, not started yet, cancel) a worker allocation; its final Slurm state
+        (None with ``wait=False``); see :meth:`RunSession.remove_worker_allocation`."""
+        return self.get_session(context).remove_worker_allocation(
+            allocation, drain_timeout, wait, logger=getattr(context, "log", None))
+
+    def worker_allocations(self, context: Any) -> list[Any]:
+        """The run's live worker allocations; see :attr:`RunSession.worker_allocations`."""
+        return self.get_session(context).worker_allocations
 
     def execute_in_session(
         self,

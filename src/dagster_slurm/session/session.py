@@ -70,6 +70,8 @@ from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
 from dagster_slurm.session.successor import SuccessorAllocation, inherit_config, refuse_new_head
 from dagster_slurm.session.watch import _ENDED, _Heartbeat, _ReadyWatch
+from dagster_slurm.session.worker_removal import release_at_close
+from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
@@ -277,6 +279,29 @@ class RunSession:
 
         self._begin_use()
         return promote_successor(self, launcher, activation_script, logger, wait)
+
+    # -- worker allocations (see dagster_slurm.session.worker_removal) ---------------------
+    def remove_worker_allocation(self, allocation: Any, drain_timeout: float = 600.0,
+                                 wait: bool = True, logger: Any = None) -> JobState | None:
+        """Remove a worker allocation (a handle of :attr:`worker_allocations`, or its job
+        id) from the run's Ray cluster: one that has not started is cancelled; a running one
+        is drained through Ray (running tasks and actors go on, each node leaves once idle,
+        what still runs ``drain_timeout`` seconds from now is stopped). Returns the job's
+        final Slurm state, normally COMPLETED (CANCELLED for one that had not started);
+        with ``wait=False`` None at once, the follow-up running in a daemon thread. Never
+        signals the head allocation or the payload drivers."""
+        from dagster_slurm.session.worker_removal import remove_worker_allocation
+
+        self._begin_use()
+        return remove_worker_allocation(self, allocation, drain_timeout, wait, logger)
+
+    @property
+    def worker_allocations(self) -> list[Any]:
+        """The session's live (not released) worker allocations, as the session document
+        records them (a restarted supervisor finds them here, to remove them)."""
+        from dagster_slurm.session.worker_removal import worker_allocations
+
+        return worker_allocations(self)
 
     def _begin_use(self) -> None:
         with self._lock:
@@ -568,6 +593,7 @@ class RunSession:
             change = tr.close_session(None, reason=reason or "teardown")
             assert isinstance(change, tr.Change)
             self.io.apply(change)
+            release_at_close(self)
             out.info(f"Cancelled the run allocation(s) of {self.job_name}"
                      + (f" ({reason})" if reason else ""))
         except DagsterSlurmError as exc:

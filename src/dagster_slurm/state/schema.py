@@ -40,7 +40,8 @@ head a promoted successor replaced) and ``ended_at``. A successor record also ha
 Worker: ``job_id``, ``role`` (``worker``), ``intent`` (key of the intent that owns it, or
 None), ``token``, ``submitted_at`` (None unless submitted by intent reconciliation),
 ``drain_deadline`` (persisted before a drain starts), ``released``, ``config``, ``nodes``,
-``ray_node_ids`` (Slurm node name -> Ray node id).
+``ray_node_ids`` (Slurm node name -> Ray node id), ``final_state`` (the scheduler state it
+ended in, when known at its release) and ``released_at``.
 Submission (in flight): ``token``, ``status`` (``submitting`` ->
 ``submitted``/``failed``/``unknown``), ``submitted_at`` (when it started), ``finished_at``,
 ``job_id``, ``rc``, ``error``, ``kind``, ``intent``, ``shape`` (the sbatch options it was
@@ -105,6 +106,8 @@ class Worker(_Record):
     config: dict[str, Any] = Field(default_factory=dict)
     nodes: list[str] = Field(default_factory=list)
     ray_node_ids: dict[str, str] = Field(default_factory=dict)
+    final_state: str | None = None
+    released_at: float | None = None
 
 
 class Submission(_Record):

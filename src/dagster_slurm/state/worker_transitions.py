@@ -362,19 +362,38 @@ def request_worker_drain(doc: SessionDocument | None, *, job_id: str,
     ))
 
 
-def release_worker(doc: SessionDocument | None, *, job_id: str) -> Outcome:
-    """SUBMITTED/JOINED/DRAINING -> RELEASED: the allocation left the session. Refused once
-    released (a second release changes nothing)."""
+def release_worker(doc: SessionDocument | None, *, job_id: str,
+                   final_state: str | None = None) -> Outcome:
+    """SUBMITTED/JOINED/DRAINING -> RELEASED: the allocation left the session, in the
+    scheduler state ``final_state`` (None: not known, e.g. cancelled at teardown). Refused
+    once released (a second release changes nothing)."""
     name = "release_worker"
     refused = _worker_edge(doc, name, job_id)
     if refused is not None:
         return refused
     assert doc is not None
+    known = () if final_state is None else (
+        {"op": "add", "path": _worker(job_id, "final_state"), "value": final_state},)
     return Change(name, (
         {"op": "test", "path": _worker(job_id, "job_id"), "value": job_id},
         _as_read(doc, job_id, "released"),
         {"op": "add", "path": _worker(job_id, "released"), "value": True},
+        {"op": "add", "path": _worker(job_id, "released_at"), "value_now": 0},
+        *known,
     ))
+
+
+def release_live_workers(doc: SessionDocument | None,
+                         final_state: str | None = None) -> Change | None:
+    """:func:`release_worker` for every live worker allocation of ``doc`` at once, in one
+    change (teardown and orphan reconciliation, which cancelled them by the session's job
+    name). None when there is none (or ``doc`` is None)."""
+    patch: list[Mapping[str, Any]] = []
+    for job_id in sorted(live_workers(doc)):
+        decided = release_worker(doc, job_id=job_id, final_state=final_state)
+        if isinstance(decided, Change):
+            patch.extend(decided.patch)
+    return Change("release_worker", tuple(patch)) if patch else None
 
 
 def live_workers(doc: SessionDocument | None) -> dict[str, Worker]:

@@ -5,7 +5,9 @@
 scripted queue and a fake clock whose ``sleep`` only advances time. Its ``submit`` records the
 head's submission the way the agent's submit operation does (the patch of
 ``transitions.submit_head``, then ``head_submitted``), so the session's decisions can be
-tested without a cluster and without waiting.
+tested without a cluster and without waiting. ``signal_batch`` records each signal with
+the session document as it was then, and ``accounting`` answers the jobs' states as sacct
+would (or nothing, with ``accounting_answers`` False).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dagster_slurm.agent.results import TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import StatusSnapshot, SubmittedJob
 from dagster_slurm.session.io import DocumentRead, ReadyPoll
+from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.parsers import SqueueRecord
 from dagster_slurm.slurm.states import JobState
@@ -92,6 +95,11 @@ class FakeCluster:
     on_write: Callable[[Mapping[str, Any]], None] | None = None
     drained: dict[str, str] = field(default_factory=dict)
     """Per job id: the drain signal its step server recorded (``jobs/<id>/drained``)."""
+    signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    """``signal_batch`` calls: job id, signal, the session document when it was sent."""
+    on_signal: Callable[[FakeJob, str], None] | None = None
+    accounting_answers: bool = True
+    """False: sacct knows nothing (it lags, or accounting is off)."""
 
     def __post_init__(self) -> None:
         self.store = MemoryStateStore(self.initial, clock=self.clock.wall)
@@ -168,17 +176,18 @@ class FakeCluster:
         self._count("active_steps")
         return list(self.steps.get(job_id, []))
 
-    def _snapshot(self, job_names: Sequence[str]) -> StatusSnapshot:
+    def _snapshot(self, job_names: Sequence[str], known_ids: Sequence[str] = ()) -> StatusSnapshot:
         if not self.queue_answers:
             return StatusSnapshot(self.clock.wall(), False, {}, {}, {}, (), "squeue failed")
         # squeue still lists a job that just ended (until MinJobAge), with its final state
         queue = {job.job_id: _record(job) for job in self.jobs.values() if job.name in job_names}
         absent = tuple(j for j, job in self.jobs.items() if job.name not in job_names)
+        absent += tuple(j for j in known_ids if j not in self.jobs)  # left the queue
         return StatusSnapshot(self.clock.wall(), True, queue, {}, {}, absent)
 
-    def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+    def queue(self, job_names: Sequence[str], known_ids: Sequence[str] = ()) -> StatusSnapshot:
         self._count("squeue")
-        return self._snapshot(job_names)
+        return self._snapshot(job_names, known_ids)
 
     def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
         self._count("poll_ready")
@@ -200,6 +209,27 @@ class FakeCluster:
             if (job.job_id in job_ids or job.name == job_name) and job.state.active:
                 job.state = JobState.CANCELLED
                 self.cancelled.append(job.job_id)
+
+    def signal_batch(self, job_id: str, signal: str,
+                     files: Mapping[str, tuple[str | bytes, int]] | None = None) -> bool:
+        self._count("signal_batch")
+        if not self.queue_answers:
+            raise SchedulerError("scancel: the controller does not answer")
+        for path, (content, _mode) in (files or {}).items():
+            self.files[path] = content if isinstance(content, str) else content.decode()
+        job = self.jobs.get(job_id)
+        if job is None or not job.state.active:
+            return False
+        self.signals.append((job_id, signal, self.doc()))
+        if self.on_signal is not None:
+            self.on_signal(job, signal)
+        return True
+
+    def accounting(self, job_ids: Sequence[str]) -> dict[str, SacctRecord]:
+        self._count("sacct")
+        if not self.accounting_answers:
+            return {}
+        return {job_id: _sacct(self.jobs[job_id]) for job_id in job_ids if job_id in self.jobs}
 
     def tail(self, path: str, lines: int) -> str:
         return "\n".join(self.files.get(path, "").splitlines()[-lines:])
@@ -240,4 +270,14 @@ def _record(job: FakeJob) -> SqueueRecord:
         nodes=job.nodes, num_nodes=max(1, len(job.nodes)), tres_per_node=None,
         partition="cpu", cpus=2, min_memory_bytes=None, elapsed_seconds=0.0,
         comment=job.token,
+    )
+
+
+def _sacct(job: FakeJob) -> SacctRecord:
+    return SacctRecord(
+        job_id=job.job_id, name=job.name, state=job.state, raw_state=job.state.value,
+        cancelled_by=None, exit_code=0 if job.state is JobState.COMPLETED else None,
+        exit_signal=None, elapsed_seconds=1.0, max_rss_bytes=None, total_cpu_seconds=None,
+        num_nodes=max(1, len(job.nodes)), node_list=",".join(job.nodes) or None,
+        nodes=job.nodes, alloc_cpus=2, start_time=None, end_time=None,
     )

@@ -445,3 +445,55 @@ def test_records_are_recognised_by_place_and_content() -> None:
     assert record.heartbeat_path == "/b/runs/r1/s/inv/heartbeat"
     assert parse_record("/x/job.json", {"job": {"token": "t", "job_id": "7"}}, None, 0) is None
     assert parse_heartbeat("garbage") is None and parse_heartbeat(None) is None
+
+
+# -- worker allocations waiting for a head: judged like a run with a published successor ------
+def _awaiting_head(heartbeat_at: float, **extra: Any) -> dict[str, Any]:
+    """A run whose head ended (history) while its worker allocations 31, 32 wait for a new
+    one; worker 30 was released earlier."""
+    worker = {"role": "worker", "released": False, "submitted_at": NOW - 5000}
+    return {
+        **_beat(heartbeat_at),
+        "history": {"11": {"kind": "head", "job_id": "11", "token": "t1", "status": "submitted",
+                           "final_state": "TIMEOUT", "submitted_at": NOW - 9000}},
+        "workers": {"30": {**worker, "job_id": "30", "released": True},
+                    "31": {**worker, "job_id": "31"}, "32": {**worker, "job_id": "32"}},
+        **extra,
+    }
+
+
+def test_a_run_whose_workers_wait_for_a_head_under_a_live_supervisor_is_not_an_orphan() -> None:
+    cluster = FakeOrphanCluster(NOW)
+    cluster.add("run-wait-1", **_awaiting_head(NOW - 10))
+    cluster.jobs.update({"31": "dsr-run-wait-1", "32": "dsr-run-wait-1"})
+    assert _reconcile(RunsInstance({"run-wait-1": "STARTED"}), cluster) == []
+    assert cluster.cancelled == []
+
+
+@pytest.mark.parametrize("sign", ["election", "worker_submission"])
+def test_a_recent_election_or_worker_submission_is_a_sign_of_life(sign: str) -> None:
+    extra: dict[str, Any] = (
+        {"election": {"term": 2, "candidate": "31", "claimed_by": "h:1",
+                      "started_at": NOW - 30, "expires_at": NOW + 90}}
+        if sign == "election" else
+        {"worker_submissions": {"wt-9": {"token": "wt-9", "status": "submitting",
+                                         "submitted_at": NOW - 30}}})
+    cluster = FakeOrphanCluster(NOW)
+    cluster.add("run-wait-2", **_awaiting_head(NOW - 2000, **extra))
+    cluster.jobs.update({"31": "dsr-run-wait-2"})
+    assert _reconcile(RunsInstance({"run-wait-2": "STARTED"}), cluster) == []
+
+
+def test_a_silent_run_whose_workers_wait_for_a_head_is_recovered_workers_included() -> None:
+    cluster = FakeOrphanCluster(NOW)
+    path = cluster.add("run-wait-3", **_awaiting_head(NOW - 2000))
+    cluster.jobs.update({"31": "dsr-run-wait-3", "32": "dsr-run-wait-3"})
+    instance = RunsInstance({"run-wait-3": "STARTED"})
+    (report,) = _reconcile(instance, cluster)
+    assert report.job_ids == ("31", "32") and report.run_marked_failed
+    assert "no supervisor heartbeat" in report.reason
+    assert "worker allocation(s) wait for a new head" in report.reason
+    assert cluster.cancelled == ["dsr-run-wait-3"]  # the session's job name: workers too
+    doc = cluster.stores[path].snapshot().doc or {}
+    assert doc["closed_at"] == NOW
+    assert all(doc["workers"][w]["released"] for w in ("30", "31", "32"))
