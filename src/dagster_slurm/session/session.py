@@ -242,6 +242,22 @@ class RunSession:
             raise
 
     # -- successors ------------------------------------------------------------------------
+    def replace_head(self, timeout: float | None = None, *, logger: Any = None) -> SlurmAllocation:
+        """The session's healthy head allocation, electing one first when it has none (its
+        job ended, its Ray stopped while the job runs, or it drains).
+
+        Any number of processes may call it at once: the first caller claims the election
+        and elects, the others wait, and all get the same head; a healthy head is returned
+        unchanged (to move one, call ``request_drain()`` on it first). It elects a running
+        published successor, else (a queued successor is promoted once it runs) a new
+        allocation shaped like the first head. ``timeout``: seconds for the whole call
+        (None: no limit); :class:`~dagster_slurm.session.head_election.HeadElectionTimeout`
+        once it passed. See :mod:`dagster_slurm.session.head_election`."""
+        from dagster_slurm.session.head_election import replace_head
+
+        self._begin_use()
+        return replace_head(self, timeout, logger)
+
     def submit_successor(self, config: SlurmRunAllocationConfig | None = None, *,
                          logger: Any = None) -> SuccessorAllocation:
         """Queue a successor of the current allocation and return once sbatch answered.
