@@ -165,6 +165,7 @@ class RunSession:
         self._allocation: SlurmAllocation | None = None
         self._lock = threading.RLock()
         self._heartbeat: _Heartbeat | None = None
+        self._head_watch: Any = None  # a HeadWatch (session/head_watch.py) with the heartbeat
         self._closed = False
         self._used = False
         #: Called with the job id of a newly promoted allocation to publish the run tag
@@ -562,6 +563,11 @@ class RunSession:
             self.beat()
             self._heartbeat = _Heartbeat(self, self.config.heartbeat_interval)
             self._heartbeat.start()
+            if self.has_ray:
+                from dagster_slurm.session.head_watch import HeadWatch
+
+                self._head_watch = HeadWatch(self)
+                self._head_watch.start()
 
     def close(self, *, cancel: bool, reason: str = "", logger: Any = None) -> None:
         """Stop the heartbeat; with ``cancel``, cancel every job of the session's name and
@@ -569,8 +575,11 @@ class RunSession:
         with self._lock:
             self._closed = True
             heartbeat, self._heartbeat = self._heartbeat, None
+            watch, self._head_watch = self._head_watch, None
         if heartbeat is not None:
             heartbeat.stop()
+        if watch is not None:
+            watch.stop()
         if cancel:
             self.cancel_all(reason, logger)
 

@@ -9,14 +9,22 @@ passed; an uncertain scheduler never elects; a failed election releases its clai
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from session_fakes import FakeCluster
 from test_session_successor import _running_head, _session, _start_on_promotion
 
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.head_election import HeadElectionTimeout, _ClaimKeeper
+from dagster_slurm.session.head_watch import HeadWatch, WatchAction, decide
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
+from dagster_slurm.state.election import (
+    HANDOVER_LEAD,
+    HEAD_CHECK_INTERVAL,
+    WORKER_DISCOVERY_INTERVAL,
+)
 
 
 def _start_new_heads(cluster: FakeCluster) -> None:
@@ -131,3 +139,64 @@ def test_a_closed_session_elects_nothing() -> None:
     session.close(cancel=True)
     with pytest.raises(Exception, match="closed"):
         session.replace_head(timeout=5)
+
+
+# -- the step processes' head check ----------------------------------------------------------
+def _add_worker_record(cluster: FakeCluster, job_id: str = "900") -> None:
+    """A live worker allocation in the document (as add_worker_allocation records it)."""
+    assert cluster.store.transact([
+        {"op": "add", "path": f"/workers/{job_id}",
+         "value": {"job_id": job_id, "nodes": ["g1"], "config": {}}},
+    ]).ok
+
+
+def _view(cluster: FakeCluster, session: Any) -> tuple[Any, Any, float]:
+    from dagster_slurm.session.head_election import scheduler_view
+
+    return scheduler_view(session)
+
+
+def test_decide_is_idle_without_workers_and_keeps_a_healthy_head() -> None:
+    session, cluster, head = _running_head()
+    doc, view, now = _view(cluster, session)
+    assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.IDLE
+    _add_worker_record(cluster)
+    doc, view, now = _view(cluster, session)
+    kept = decide(doc, view, now, separate_head=False, has_signal=True)
+    assert kept.action is WatchAction.KEEP and kept.head == head
+
+
+def test_decide_elects_when_the_head_ended_and_never_on_an_uncertain_answer() -> None:
+    session, cluster, head = _running_head()
+    _add_worker_record(cluster)
+    cluster.end(head, JobState.CANCELLED)
+    doc, view, now = _view(cluster, session)
+    assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.ELECT
+    cluster.queue_answers = False
+    doc, view, now = _view(cluster, session)
+    assert decide(doc, view, now, separate_head=True, has_signal=True).action is WatchAction.KEEP
+
+
+def test_decide_drains_a_head_without_signal_near_its_walltime() -> None:
+    session, cluster, head = _running_head()
+    _add_worker_record(cluster)
+    doc, view, now = _view(cluster, session)  # the fake queue says 600 s left
+    assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.KEEP
+    late = now + 600 - HANDOVER_LEAD + 1
+    assert decide(doc, view, late, separate_head=False,
+                  has_signal=False).action is WatchAction.DRAIN
+
+
+def test_the_watch_of_a_step_process_elects_a_new_head_once_the_head_ended() -> None:
+    session, cluster, head = _running_head()
+    watch = HeadWatch(session)
+    assert watch.check_once().action is WatchAction.IDLE
+    assert watch.interval == WORKER_DISCOVERY_INTERVAL  # a later worker is found within 2 min
+    _add_worker_record(cluster)
+    assert watch.check_once().action is WatchAction.KEEP and watch.interval == HEAD_CHECK_INTERVAL
+    cluster.end(head, JobState.CANCELLED)
+    _start_new_heads(cluster)
+    assert watch.check_once().action is WatchAction.ELECT
+    new_head = cluster.doc()["allocation"]["job_id"]
+    assert new_head != head and cluster.jobs[new_head].state is JobState.RUNNING
+    assert watch.check_once().action is WatchAction.KEEP
