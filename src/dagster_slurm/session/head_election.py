@@ -102,7 +102,8 @@ def replace_head(session: RunSession, timeout: float | None = None,
             assert choice.job_id is not None
             return _keep(session, choice.job_id, out)
         if kind is not HeadChoiceKind.WAIT:
-            decided = et.claim_election(doc, owner=owner, candidate=choice.job_id, now=now)
+            decided = et.claim_election(doc, owner=owner, candidate=choice.job_id, now=now,
+                                        ttl=et.CLAIM_TTL)
             if isinstance(decided, tr.Change) and session.io.apply(decided).ok:
                 out.info(f"Electing the head of {session.job_name} (term {choice.term}): "
                          f"{choice.reason}")
@@ -178,7 +179,7 @@ class _ClaimKeeper(threading.Thread):
 def _elect(session: RunSession, doc: SessionDocument | None, choice: HeadChoice, owner: str,
            deadline: float | None, out: ProgressLog) -> SlurmAllocation:
     """Act on ``choice`` under the claim of ``owner``; complete or fail the claim."""
-    keeper = _ClaimKeeper(session, owner, choice.term)
+    keeper = _ClaimKeeper(session, owner, choice.term, et.CLAIM_TTL)
     keeper.start()
     try:
         if choice.kind is HeadChoiceKind.SUCCESSOR:
