@@ -114,20 +114,17 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
 
     def add_worker_allocation(self, context: Any, config: SlurmWorkerAllocationConfig) -> Any:
         """Submit a worker allocation whose nodes join the run's Ray cluster; returns its
-        handle once sbatch answered (see ``dagster_slurm.session.workers``)."""
-        from dagster_slurm.session.workers import add_worker_allocation
-
-        return add_worker_allocation(self.get_session(context), config,
-                                     logger=getattr(context, "log", None))
+        handle once sbatch answered; see :meth:`RunSession.add_worker_allocation`."""
+        return self.get_session(context).add_worker_allocation(
+            config, logger=getattr(context, "log", None))
 
     def wait_for_worker_allocation(self, context: Any, allocation: Any,
                                    timeout: float | None = None) -> list[str]:
         """Wait until every node of ``allocation`` joined the run's Ray cluster (``timeout``
-        seconds at most; None: no limit); their Ray node ids."""
-        from dagster_slurm.session.workers import wait_for_worker_allocation
-
-        return wait_for_worker_allocation(self.get_session(context), allocation,
-                                          timeout=timeout, logger=getattr(context, "log", None))
+        seconds at most; None: no limit); their Ray node ids; see
+        :meth:`RunSession.wait_for_worker_allocation`."""
+        return self.get_session(context).wait_for_worker_allocation(
+            allocation, timeout, logger=getattr(context, "log", None))
 
     def remove_worker_allocation(self, context: Any, allocation: Any,
                                  drain_timeout: float = 600.0,
