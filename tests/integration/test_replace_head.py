@@ -86,14 +86,15 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
         # both cpu nodes busy: the elected head waits in the queue
         filler = subprocess.run(
             ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--mem=500M", "-t", "5",
-             "--job-name=dsl-filler", "--wrap", "sleep 300"],
+             "--job-name=dsl-filler", "--output=/dev/null", "--chdir=/tmp",
+             "--wrap", "sleep 300"],
             env={**os.environ, **env}, capture_output=True, text=True, check=True,
         ).stdout.strip().split(";")[0]
         subprocess.run(["scancel", first], env={**os.environ, **env}, check=True)
         wait_until(lambda: squeue_state(env, first) in ("", "CANCELLED", "COMPLETED"), 60,
                    "the head to end")
         wait_until(lambda: squeue_state(env, filler) == "RUNNING", 120,
-                   f"the filler to run ({_queue(env)})")
+                   "the filler to run")
         elector = _elector(env, run_id, "20")
         wait_until(lambda: (_document(session).get("allocation") or {}).get("status")
                    == "submitted" and (_document(session).get("election") or {}).get(
