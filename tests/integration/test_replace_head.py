@@ -85,7 +85,7 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
         first = session.allocation.job_id
         # both cpu nodes busy: the elected head waits in the queue
         filler = subprocess.run(
-            ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--mem=500M", "-t", "5",
+            ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-t", "5",
              "--job-name=dsl-filler", "--output=/dev/null", "--chdir=/tmp",
              "--wrap", "sleep 300"],
             env={**os.environ, **env}, capture_output=True, text=True, check=True,
