@@ -103,12 +103,16 @@ def _handle(session: RunSession, record: Worker) -> Any:
         log.warning("worker allocation %s: its recorded configuration does not validate "
                     "(%s); listed with it as recorded", record.job_id, exc)
         config = SlurmWorkerAllocationConfig.model_construct(**known)
-    return _WorkerHandle(session, record.job_id, record.token or "", config)
+    try:
+        from dagster_slurm.session.workers import WorkerAllocation
+    except ImportError:  # before session/workers.py: the stand-in below
+        return _WorkerHandle(session, record.job_id, record.token or "", config)
+    return WorkerAllocation(session, record.job_id, record.token or "", config)
 
 
 class _WorkerHandle:
-    """A worker allocation found in the session document: ``job_id`` (also
-    ``slurm_job_id``), its submission ``token`` and the ``config`` it was submitted with."""
+    """A stand-in for ``dagster_slurm.session.workers.WorkerAllocation`` (same fields):
+    ``job_id`` (also ``slurm_job_id``), its submission ``token`` and ``config``."""
 
     def __init__(self, session: RunSession, job_id: str, token: str, config: Any) -> None:
         self._session = session
