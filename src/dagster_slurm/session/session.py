@@ -278,6 +278,25 @@ class RunSession:
         self._begin_use()
         return promote_successor(self, launcher, activation_script, logger, wait)
 
+    # -- worker allocations (dagster_slurm.session.workers) ----------------------------------
+    def add_worker_allocation(self, config: Any, logger: Any = None) -> Any:
+        """Submit a worker allocation (a ``SlurmWorkerAllocationConfig``) whose nodes join
+        the run's Ray cluster; returns its ``WorkerAllocation`` once sbatch answered."""
+        from dagster_slurm.session.workers import add_worker_allocation
+
+        self._begin_use()
+        return add_worker_allocation(self, config, logger)
+
+    def wait_for_worker_allocation(self, allocation: Any, timeout: float | None = None,
+                                   logger: Any = None) -> list[str]:
+        """Block until every node of ``allocation`` joined the run's Ray head (starting the
+        head first if needed); their Ray node ids. Raises ``SessionError`` when the job
+        ends first, ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
+        from dagster_slurm.session.workers import wait_for_worker_allocation
+
+        self._begin_use()
+        return wait_for_worker_allocation(self, allocation, timeout, logger)
+
     def _begin_use(self) -> None:
         with self._lock:
             if self._closed:
