@@ -119,8 +119,9 @@ def worker_plan(paths: SessionPaths, token: str, activation: str | None) -> Exec
 
 def render_worker(*, paths: SessionPaths, launcher: RayLauncher,
                   config: SlurmWorkerAllocationConfig, activation: str | None,
-                  token: str) -> str:
-    """The batch script of worker submission ``token`` (``config`` resolved)."""
+                  token: str, restart_delays: tuple[int, ...] = RESTART_DELAYS) -> str:
+    """The batch script of worker submission ``token`` (``config`` resolved);
+    ``restart_delays``: seconds before each restart of a node (:data:`RESTART_DELAYS`)."""
     walltime = drain_signal_of(config.signal_before_timeout) or ""
     lead = signal_lead_seconds(config.signal_before_timeout) if config.signal_before_timeout else None
     return render_template(
@@ -133,8 +134,8 @@ def render_worker(*, paths: SessionPaths, launcher: RayLauncher,
             "default_drain": str(DEFAULT_DRAIN_SECONDS),
             "startup_timeout": str(math.ceil(launcher.startup_timeout)),
             "stop_grace": str(RAY_STOP_GRACE_SECONDS),
-            "restart_delays": [str(delay) for delay in RESTART_DELAYS],
-            "max_restarts": str(len(RESTART_DELAYS)),
+            "restart_delays": [str(delay) for delay in restart_delays],
+            "max_restarts": str(len(restart_delays)),
             "node_query": NODE_QUERY,
             "redis_password": launcher.redis_password or "",
             "num_gpus": str(config.gpus_per_node or 0),
