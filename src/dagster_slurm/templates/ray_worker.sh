@@ -64,6 +64,7 @@ __dw_live=""
 __dw_live_checked=-100
 __dw_last_live=$SECONDS
 __dw_said=""
+__dw_said_at=0
 __dw_state=""
 __dw_joined_text=""
 __dw_signal=""
@@ -82,11 +83,14 @@ __dw_write_state() {
     __ds_write_atomic "$__dw_job_dir/state" "$1" || __dw_log "cannot write $__dw_job_dir/state"
 }
 
-# Say $* once (until something else was said).
+# Say $* once, and again every minute while it holds (until something else was said).
 __dw_say() {
-    [ "$*" != "$__dw_said" ] || return 0
+    if [ "$*" = "$__dw_said" ] && [ $((SECONDS - __dw_said_at)) -lt 60 ]; then
+        return 0
+    fi
+    [ "$*" = "$__dw_said" ] && __dw_log "still $*" || __dw_log "$*"
     __dw_said=$*
-    __dw_log "$*"
+    __dw_said_at=$SECONDS
 }
 
 __dw_on_signal() {
