@@ -5,7 +5,7 @@
 # rewrites that file later. Files in <session dir>/jobs/<job id>/:
 #   nodes      the allocation's hosts, one per line;
 #   ray_nodes  '<host> <Ray node id> <head job id>' per joined node (rewritten atomically);
-#   state      one word, atomically: waiting (no live head, or none of the nodes joined
+#   state      one line, atomically: waiting (no live head, or none of the nodes joined
 #              yet), joined (every node joined the head), partial (some nodes are out or
 #              restarting), draining, then 'released <reason>' (drained, no_head,
 #              cancelled) at the end;
@@ -252,8 +252,9 @@ __dw_query() {
 
 # Rewrite ray_nodes (and the state) from the nodes joined now.
 __dw_publish() {
-    local i text="" joined=0
+    local i text="" joined=0 out=""
     for ((i = 0; i < ${#__dw_hosts[@]}; i++)); do
+        [ -z "${__dw_out[i]}" ] || out=1
         [ -n "${__dw_ids[i]}" ] || continue
         text="$text${__dw_hosts[i]} ${__dw_ids[i]} $__dw_head_job
 "
@@ -266,7 +267,7 @@ __dw_publish() {
             || __dw_log "cannot write $__dw_job_dir/ray_nodes"
     fi
     [ -z "$__dw_drain" ] || return 0
-    if [ "$joined" -eq 0 ]; then
+    if [ "$joined" -eq 0 ] && [ -z "$out" ]; then
         __dw_write_state waiting
     elif [ "$joined" -eq "${#__dw_hosts[@]}" ]; then
         __dw_write_state joined

@@ -237,7 +237,7 @@ def test_a_node_that_ends_starts_again_then_stays_out_until_another_head(tmp_pat
         os.kill(w.ray_pid(), signal.SIGKILL)
         wait_for(lambda: "it stays out until the allocation joins another head" in w.log(),
                  "the node to stay out")
-        wait_for(lambda: w.ray_nodes() == [] and w.state() == "waiting", "no joined node")
+        wait_for(lambda: w.ray_nodes() == [] and w.state() == "partial", "no joined node")
         w.name_head("8")
         wait_for(lambda: _joined(w, "8"), "the join of head 8")
         assert "the run's Ray head is now job 8" in w.log()
