@@ -1,6 +1,6 @@
 """Adding a worker allocation and waiting for it (in-memory cluster), and its sbatch request.
 
-The batch script itself runs in ``test_worker_script.py`` (bash with stub commands).
+The batch script itself runs in ``test_session_worker_script.py`` (bash with stub commands).
 """
 
 from __future__ import annotations
