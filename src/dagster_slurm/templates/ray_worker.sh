@@ -62,6 +62,8 @@ __dw_head_address=""
 __dw_head_seen=""   # the ray_head file's content the nodes follow
 __dw_live=""
 __dw_live_checked=-100
+__dw_queue_checked=-100
+__dw_head_ended=""
 __dw_last_live=$SECONDS
 __dw_said=""
 __dw_said_at=0
@@ -319,19 +321,23 @@ __dw_port_open() {
     timeout 3 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
 }
 
-# Whether the current head is live (__dw_live: 1 or ''), looked at every 5 s at most.
+# Whether the current head is live (__dw_live: 1 or ''): its GCS port, looked at every 5 s
+# at most, and squeue, asked every 30 s at most (and at once for a new head).
 __dw_check_live() {
     local state rc
     [ $((SECONDS - __dw_live_checked)) -ge 5 ] || return 0
     __dw_live_checked=$SECONDS
     __dw_live=""
     [ -n "$__dw_head_job" ] || return 0
-    state=$(squeue -h -j "$__dw_head_job" -o %T 2>/dev/null)
-    rc=$?
-    # squeue that does not answer is no verdict: the GCS port decides alone then.
-    if [ "$rc" -eq 0 ] && [ "$state" != RUNNING ]; then
-        return 0
+    if [ $((SECONDS - __dw_queue_checked)) -ge 30 ]; then
+        __dw_queue_checked=$SECONDS
+        state=$(squeue -h -j "$__dw_head_job" -o %T 2>/dev/null)
+        rc=$?
+        # squeue that does not answer is no verdict: the GCS port decides alone then.
+        __dw_head_ended=""
+        [ "$rc" -ne 0 ] || [ "$state" = RUNNING ] || __dw_head_ended=1
     fi
+    [ -z "$__dw_head_ended" ] || return 0
     __dw_port_open "${__dw_head_address%:*}" "${__dw_head_address##*:}" || return 0
     __dw_live=1
 }
@@ -354,6 +360,8 @@ __dw_follow_head() {
     __dw_head_job=$__dw_new_job
     __dw_head_address=$__dw_new_address
     __dw_live_checked=-100
+    __dw_queue_checked=-100
+    __dw_head_ended=""
     for ((i = 0; i < ${#__dw_hosts[@]}; i++)); do
         __dw_strikes[i]=0
         __dw_next[i]=0
@@ -475,6 +483,13 @@ __dw_drain_all() {
         now=$(date +%s)
         if [ "$now" -ge "$__dw_deadline" ]; then
             __dw_log "drain deadline reached; stopping the node(s) still busy:$left"
+            __dw_stop_nodes $left
+            break
+        fi
+        __dw_check_live
+        if [ -z "$__dw_live" ]; then
+            __dw_log "head $__dw_head_job is not live any more; stopping the node(s) still" \
+                "draining:$left"
             __dw_stop_nodes $left
             break
         fi

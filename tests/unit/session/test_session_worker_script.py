@@ -288,7 +288,9 @@ def test_without_a_live_head_it_releases_itself_after_rejoin_timeout(tmp_path):
     with worker(tmp_path, _config(rejoin_timeout=7)) as w:
         w.name_head("7")
         wait_for(lambda: _joined(w, "7"), "the join")
-        (w.stubs / "head_state").write_text("")  # the head's job has ended
+        (w.stubs / "head_state").write_text("")  # the head's job has ended, its GCS with it
+        assert w.head_socket is not None
+        w.head_socket.close()
         assert w.exit_code() == 0
         assert w.state() == "released no_head" and w.ray_nodes() == []
         log = w.log()
