@@ -79,10 +79,12 @@ def _ray_nodes(session: RunSession, job_id: str) -> dict[str, tuple[str, str]]:
     return {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
 
 
-def _sacct_state(env: dict[str, str], job_id: str) -> str:
+def _final_state(env: dict[str, str], job_id: str) -> str:
+    """The job's final state in accounting ('' while accounting has not caught up)."""
     out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
                          capture_output=True, text=True, env=_slurm_env(env)).stdout.split()
-    return out[0] if out else ""
+    state = out[0] if out else ""
+    return "" if state in ("", "PENDING", "RUNNING", "COMPLETING", "REQUEUED") else state
 
 
 def _last_json(text: str) -> dict:
@@ -199,7 +201,7 @@ def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, sessio
     assert _last_json(result.stdout_tail)["node"] == node_id  # it finished on the drained node
     wait_until(lambda: not squeue_state(env, worker.job_id), 60, "the worker job to end")
     assert _read(session.paths.worker_state(worker.job_id)).strip() == "released drained"
-    assert wait_until(lambda: _sacct_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
+    assert wait_until(lambda: _final_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
     assert not _ray_nodes(session, worker.job_id)
     log = _read(session.paths.output_of(worker.job_id))
     assert "is draining" in log and "is idle and left the Ray cluster" in log
@@ -216,6 +218,6 @@ def test_a_worker_without_a_head_releases_itself_after_rejoin_timeout(env, sessi
     wait_until(lambda: _read(session.paths.worker_state(worker.job_id)).strip()
                == "released no_head", 90, "the worker allocation to release itself")
     wait_until(lambda: not squeue_state(env, worker.job_id), 30, "the worker job to end")
-    assert wait_until(lambda: _sacct_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
+    assert wait_until(lambda: _final_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
     log = _read(session.paths.output_of(worker.job_id))
     assert "is not live" in log and "rejoin_timeout 20 s" in log
