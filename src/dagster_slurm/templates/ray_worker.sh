@@ -57,6 +57,7 @@ __dw_strikes=()     # ends while the same head was live
 __dw_next=()        # SECONDS at which the node may start again
 __dw_launched=()    # SECONDS at which it was started
 __dw_out=()         # 1: stays out until another head
+__dw_warned=()
 __dw_head_job=""
 __dw_head_address=""
 __dw_head_seen=""   # the ray_head file's content the nodes follow
@@ -74,6 +75,7 @@ __dw_drain=""
 __dw_code=""
 __dw_code_env=""
 __dw_deadline=0
+__dw_ids_asked=-100
 
 __dw_log() {
     printf 'dagster-slurm: worker allocation %s: %s\n' "$__dw_job" "$*" >&2
@@ -181,6 +183,7 @@ __dw_launch() {
     __dw_pids[index]=$!
     __dw_ids[index]=""
     __dw_launched[index]=$SECONDS
+    __dw_warned[index]=""
 }
 
 # Status 0 when node $1 runs no Ray (never started, or its step has ended; reaped here).
@@ -289,8 +292,14 @@ __dw_learn_ids() {
             || continue
         items+=("$address:$(__ds_ray_port "$base" node_manager)")
         wanted+=("$i")
+        if [ $((SECONDS - __dw_launched[i])) -ge 60 ] && [ -z "${__dw_warned[i]-}" ]; then
+            __dw_warned[i]=1
+            __dw_log "Ray started on node ${__dw_hosts[i]}, but the head's GCS lists no live" \
+                "node at ${items[-1]} yet (node query: python3 with the ray package)"
+        fi
     done
-    [ "${#items[@]}" -gt 0 ] || return 0
+    [ "${#items[@]}" -gt 0 ] && [ $((SECONDS - __dw_ids_asked)) -ge 2 ] || return 0
+    __dw_ids_asked=$SECONDS
     while read -r item id; do
         for k in "${!items[@]}"; do
             [ "${items[k]}" = "$item" ] || continue
