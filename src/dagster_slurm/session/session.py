@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.backoff import sleep_checking
@@ -75,6 +75,10 @@ from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
+
+if TYPE_CHECKING:
+    from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+    from dagster_slurm.session.workers import WorkerAllocation
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -297,9 +301,29 @@ class RunSession:
         self._begin_use()
         return promote_successor(self, launcher, activation_script, logger, wait)
 
-    # -- worker allocations (see dagster_slurm.session.worker_removal) ---------------------
-    def remove_worker_allocation(self, allocation: Any, drain_timeout: float = 600.0,
-                                 wait: bool = True, logger: Any = None) -> JobState | None:
+    # -- worker allocations (session/workers.py, session/worker_removal.py) ----------------
+    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig,
+                              logger: Any = None) -> WorkerAllocation:
+        """Submit a worker allocation (a ``SlurmWorkerAllocationConfig``) whose nodes join
+        the run's Ray cluster; returns its ``WorkerAllocation`` once sbatch answered."""
+        from dagster_slurm.session.workers import add_worker_allocation
+
+        self._begin_use()
+        return add_worker_allocation(self, config, logger)
+
+    def wait_for_worker_allocation(self, allocation: WorkerAllocation, timeout: float | None = None,
+                                   logger: Any = None) -> list[str]:
+        """Block until every node of ``allocation`` joined the run's Ray head (starting the
+        head first if needed); their Ray node ids. Raises ``SessionError`` when the job
+        ends first, ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
+        from dagster_slurm.session.workers import wait_for_worker_allocation
+
+        self._begin_use()
+        return wait_for_worker_allocation(self, allocation, timeout, logger)
+
+    def remove_worker_allocation(self, allocation: WorkerAllocation | str,
+                                 drain_timeout: float = 600.0, wait: bool = True,
+                                 logger: Any = None) -> JobState | None:
         """Remove a worker allocation (a handle of :attr:`worker_allocations`, or its job
         id) from the run's Ray cluster: one that has not started is cancelled; a running one
         is drained through Ray (running tasks and actors go on, each node leaves once idle,
@@ -313,7 +337,7 @@ class RunSession:
         return remove_worker_allocation(self, allocation, drain_timeout, wait, logger)
 
     @property
-    def worker_allocations(self) -> list[Any]:
+    def worker_allocations(self) -> list[WorkerAllocation]:
         """The session's live (not released) worker allocations, as the session document
         records them (a restarted supervisor finds them here, to remove them)."""
         from dagster_slurm.session.worker_removal import worker_allocations

@@ -55,6 +55,8 @@ from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.scheduler.client import StatusSnapshot
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.workers import WorkerAllocation
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
@@ -81,9 +83,9 @@ _THREAD_PREFIX = "dagster-slurm-worker-removal-"
 
 
 # -- listing ------------------------------------------------------------------------------------
-def worker_allocations(session: RunSession) -> list[Any]:
+def worker_allocations(session: RunSession) -> list[WorkerAllocation]:
     """The live (not released) worker allocations the session document records, oldest job
-    first, as handles (``job_id``, ``slurm_job_id``, ``token``, ``config``, ``state()``).
+    first, as :class:`~dagster_slurm.session.workers.WorkerAllocation` handles.
     One read of the document; an allocation whose job ended without its release being
     recorded is listed until a removal (or the teardown) records it."""
     doc = session.io.read().doc
@@ -92,9 +94,7 @@ def worker_allocations(session: RunSession) -> list[Any]:
             for job_id in sorted(records, key=lambda j: (len(j), j))]
 
 
-def _handle(session: RunSession, record: Worker) -> Any:
-    from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
-
+def _handle(session: RunSession, record: Worker) -> WorkerAllocation:
     known = {k: v for k, v in record.config.items()
              if k in SlurmWorkerAllocationConfig.model_fields}
     try:
@@ -103,38 +103,13 @@ def _handle(session: RunSession, record: Worker) -> Any:
         log.warning("worker allocation %s: its recorded configuration does not validate "
                     "(%s); listed with it as recorded", record.job_id, exc)
         config = SlurmWorkerAllocationConfig.model_construct(**known)
-    try:
-        from dagster_slurm.session.workers import WorkerAllocation
-    except ImportError:  # before session/workers.py: the stand-in below
-        return _WorkerHandle(session, record.job_id, record.token or "", config)
     return WorkerAllocation(session, record.job_id, record.token or "", config)
 
 
-class _WorkerHandle:
-    """A stand-in for ``dagster_slurm.session.workers.WorkerAllocation`` (same fields):
-    ``job_id`` (also ``slurm_job_id``), its submission ``token`` and ``config``."""
-
-    def __init__(self, session: RunSession, job_id: str, token: str, config: Any) -> None:
-        self._session = session
-        self.job_id = job_id
-        self.token = token
-        self.config = config
-
-    @property
-    def slurm_job_id(self) -> str:
-        return self.job_id
-
-    def state(self) -> JobState | None:
-        """The job's scheduler state now (None when the scheduler does not say)."""
-        return self._session.io.queue([self._session.job_name]).job(self.job_id).state
-
-    def __repr__(self) -> str:
-        return f"WorkerAllocation(job_id={self.job_id!r})"
-
-
 # -- removal ------------------------------------------------------------------------------------
-def remove_worker_allocation(session: RunSession, allocation: Any, drain_timeout: float = 600.0,
-                             wait: bool = True, logger: Any = None) -> JobState | None:
+def remove_worker_allocation(session: RunSession, allocation: WorkerAllocation | str,
+                             drain_timeout: float = 600.0, wait: bool = True,
+                             logger: Any = None) -> JobState | None:
     """Remove the worker allocation ``allocation`` (a handle with ``job_id``, or the job id)
     from the session; see the module docstring. Returns its final Slurm state (normally
     COMPLETED after a drain, CANCELLED for one that had not started; UNKNOWN when neither
