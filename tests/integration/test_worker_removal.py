@@ -4,10 +4,12 @@ The run's session has a Ray head on ``cpu``. A worker allocation on ``gpu`` join
 payload holds a task on the worker node while ``remove_worker_allocation(drain_timeout=60)``
 drains it: the task goes on there while the node drains and finishes, the node leaves, the
 job ends COMPLETED (the returned state, and sacct's), it is no longer listed among the live
-worker allocations and the payload goes on with tasks on the remaining node. A worker allocation that cannot start (its nodelist is the head's busy node)
+worker allocations and the payload goes on with tasks on the remaining node. After the
+run's teardown the session document records every worker allocation as released. A worker allocation that cannot start (its nodelist is the head's busy node)
 is cancelled instead, pending, and ends CANCELLED.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -99,6 +101,7 @@ def test_a_drained_worker_completes_its_task_and_leaves_a_pending_one_is_cancell
         wait_until(lambda: blocked.state() is JobState.PENDING, 30, "the blocked worker pending")
         seen["blocked"] = session.remove_worker_allocation(blocked, logger=context.log)
         seen["blocked_id"] = blocked.job_id
+        seen["document"] = session.paths.document
 
         worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
             partition="gpu", num_nodes=1, cpus_per_task=2, gpus_per_node=1, mem="1500M",
@@ -141,6 +144,10 @@ def test_a_drained_worker_completes_its_task_and_leaves_a_pending_one_is_cancell
         if "mark_dir" in seen:
             shutil.rmtree(seen["mark_dir"], ignore_errors=True)
 
+    _check(env, seen, meta)
+
+
+def _check(env: dict[str, str], seen: dict, meta: dict) -> None:
     assert "error" not in seen, seen
     assert seen["blocked"] is JobState.CANCELLED
     assert wait_until(lambda: _sacct_state(env, seen["blocked_id"]), 30,
@@ -155,3 +162,10 @@ def test_a_drained_worker_completes_its_task_and_leaves_a_pending_one_is_cancell
     # the payload went on without it, on the remaining node
     assert meta["total"] == 14 and meta["after_nodes"]
     assert meta["worker_node"] not in meta["after_nodes"]
+    # after the run's teardown: the session is closed, no worker allocation is left live
+    with open(seen["document"]) as handle:
+        doc = json.load(handle)
+    assert doc["closed_at"] is not None
+    assert doc["workers"][seen["worker"]]["final_state"] == "COMPLETED"
+    assert doc["workers"][seen["blocked_id"]]["final_state"] == "CANCELLED"
+    assert all(record["released"] for record in doc["workers"].values())
