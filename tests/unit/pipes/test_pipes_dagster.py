@@ -194,10 +194,10 @@ def test_final_drain_reads_what_was_written_after_the_last_poll(job: Job) -> Non
         job.notes["polls_before"] = job.reader.stats.polls
         start.touch()
 
-    extras = {"mode": "burst_at_exit", "start": str(start), "logs": 2000}
+    extras = {"mode": "burst_at_exit", "start": str(start), "logs": 500}
     result = run_asset(job, extras, during=start_after_first_poll, poll_interval=30.0)
     assert result.success and job.returncode == 0
     assert job.notes["polls_before"] == 1
-    assert user_messages(job, "late ") == [f"late {i}" for i in range(2000)]
+    assert user_messages(job, "late ") == [f"late {i}" for i in range(500)]
     assert job.stdout_lines == ["last stdout words without newline"]
     assert job.reader is not None and job.reader.received_closed
