@@ -490,14 +490,20 @@ def test_slurm_resource_queue_partition_override(env, tmp_path):
     assert event.materialization.metadata["dagster_slurm/nodes"].value in ("g1", "g2", None)
 
 
-def test_a_finished_run_does_not_close_the_connection_under_a_concurrent_one(env, tmp_path):
+def test_a_finished_run_does_not_close_the_connection_under_a_concurrent_one(
+        env, tmp_path, slurm_cluster):
     """Teardown is reference-counted per process: runs in threads share one connection."""
     quick = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
-    slow = write_payload(tmp_path, "slow.py", """
-        import time
+    # the slow payload runs until the quick run has ended (the file, which every node sees,
+    # is written then), at most 60 s
+    release = Path(slurm_cluster.deployment_base_path) / f"release-{uuid.uuid4().hex[:8]}"
+    slow = write_payload(tmp_path, "slow.py", f"""
+        import os, time
         from dagster_pipes import open_dagster_pipes
         with open_dagster_pipes() as pipes:
-            time.sleep(6)
+            deadline = time.monotonic() + 60
+            while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:
+                time.sleep(0.1)
             pipes.log.info("slow payload done")
     """)
     results = {}
@@ -509,12 +515,16 @@ def test_a_finished_run_does_not_close_the_connection_under_a_concurrent_one(env
         threading.Thread(target=lambda: results.__setitem__("slow", materialize_one(
             slow, resource, raise_on_error=False, name="slow_asset"))),
         threading.Thread(target=lambda: (time.sleep(1), results.__setitem__("quick", materialize_one(
-            quick, resource, raise_on_error=False, name="quick_asset")))),
+            quick, resource, raise_on_error=False, name="quick_asset")), release.write_text(""))),
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        release.write_text("")  # the slow payload ends even when the quick run raised
+        release.unlink()
     assert results["quick"].success
     assert results["slow"].success, step_failure(results["slow"])
     assert transport.stats.connects - logins_before == 1, (
