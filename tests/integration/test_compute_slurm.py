@@ -215,8 +215,9 @@ def test_timeout_is_typed(env, tmp_path):
 def test_job_over_partition_maxtime_fails_within_a_minute_saying_why(env, tmp_path):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     start = time.monotonic()
-    result = materialize_one(payload, compute(env), raise_on_error=False,
-                             extra_slurm_opts={"time_limit": "03:00:00"})
+    # a grace of 1 s instead of the default 10: Slurm gives the reason at once and for good
+    result = materialize_one(payload, compute(env, pending_grace_seconds=1.0),
+                             raise_on_error=False, extra_slurm_opts={"time_limit": "03:00:00"})
     elapsed = time.monotonic() - start
     text = step_failure(result)
     assert "SlurmJobUnschedulable" in text and "PartitionTimeLimit" in text and "time_limit" in text

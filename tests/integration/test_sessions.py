@@ -205,7 +205,9 @@ def test_shape_mismatch_fails_before_submission(env, tmp_path):
 
 def test_unschedulable_run_allocation_fails_with_the_reason_and_is_cancelled(env, tmp_path):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
-    compute = session_compute("bash", env, time_limit="03:00:00")  # MaxTime is 02:00:00
+    # MaxTime is 02:00:00; a grace of 1 s instead of the default 10: the reason is for good
+    compute = session_compute("bash", env, resource_options={"pending_grace_seconds": 1.0},
+                              time_limit="03:00:00")
     start = time.monotonic()
     result = materialize_one(payload, compute, raise_on_error=False)
     text = step_failure(result)
