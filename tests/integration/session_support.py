@@ -44,9 +44,11 @@ with open_dagster_pipes() as pipes:
 
 
 def session_compute(kind: str | None = None, env: dict[str, str] | None = None,
+                    resource_options: dict[str, object] | None = None,
                     **allocation: object) -> ComputeResource:
     """A run-scoped compute resource on the dev cluster (settings from ``env`` over the
-    process environment)."""
+    process environment); ``resource_options`` are more fields of the resource itself
+    (None: none), ``allocation`` fields of its run allocation."""
     env = {**os.environ, **(env or {})}
     kind = kind or env.get("DSLURM_TEST_SESSION", "bash")
     timeout = env.get("DSLURM_TEST_HEARTBEAT_TIMEOUT")
@@ -54,7 +56,7 @@ def session_compute(kind: str | None = None, env: dict[str, str] | None = None,
     allocation.setdefault("heartbeat_timeout", float(timeout) if timeout else 600.0)
     # the dev cluster's session directory is on one host's filesystem: no attribute caching
     allocation.setdefault("allow_short_heartbeat_timeout", True)
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, object] = dict(resource_options or {})
     if kind == "ray":
         launcher: object = RayLauncher(include_dashboard=False)
         allocation.setdefault("mem", "2500M")

@@ -103,7 +103,7 @@ def _scancel(env: dict[str, str], *job_ids: str) -> None:
 
 @pytest.mark.slow
 def test_asset_job_judges_heartbeat_content_and_ends_itself_once_polls_stop(env, tmp_path):
-    limit = 8
+    limit = 5  # the shortest accepted (allow_short_heartbeat_timeout); polls every limit / 4
     proc, job_id, job_dir = _start_asset_run(env, tmp_path, tmp_path / "home",
                                              DSLURM_TEST_JOB_HEARTBEAT=str(limit))
     heartbeat, ended_by = job_dir / "heartbeat", job_dir / "ended_by"

@@ -32,10 +32,15 @@ from compute_support import (
 )
 
 from dagster_slurm.compute import slurm_runner
-from dagster_slurm.jobs.final_accounting import ACCOUNTING_DEADLINE
+from dagster_slurm.session import runner as session_runner
 from dagster_slurm.slurm.states import JobState
 
 pytestmark = pytest.mark.integration
+
+
+#: The library's accounting deadline in the tests where accounting stays away past it: the
+#: same reads until the deadline, without waiting the default 15 s.
+SHORT_DEADLINE = 3.0
 
 
 def final(state: str) -> bool:
@@ -200,8 +205,9 @@ def test_accounting_that_lags_is_read_until_it_shows_the_final_state(
 
 
 def test_accounting_that_lags_past_the_deadline_is_never_reported_running(
-    slurm_cluster, slurmdbd, tmp_path
+    slurm_cluster, slurmdbd, tmp_path, monkeypatch
 ):
+    monkeypatch.setattr(slurm_runner, "ACCOUNTING_DEADLINE", SHORT_DEADLINE)
     meta, logs, _ = run_while_accounting_lags(slurm_cluster, slurmdbd, tmp_path)
     assert meta["dagster_slurm/state"] == "COMPLETED", meta
     assert meta["dagster_slurm/exit_code"] == 0
@@ -214,8 +220,9 @@ def test_accounting_that_lags_past_the_deadline_is_never_reported_running(
 
 
 def test_accounting_away_past_the_deadline_gives_the_squeue_state_and_null_figures(
-    slurm_cluster, slurmdbd, tmp_path
+    slurm_cluster, slurmdbd, tmp_path, monkeypatch
 ):
+    monkeypatch.setattr(slurm_runner, "ACCOUNTING_DEADLINE", SHORT_DEADLINE)
     env = slurm_cluster.env()
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     slurmdbd.stop()
@@ -232,7 +239,7 @@ def test_accounting_away_past_the_deadline_gives_the_squeue_state_and_null_figur
     warnings = [m for m in run_logs(result) if "showed no final state" in (m or "")]
     assert len(warnings) == 1 and "sacct failed" in warnings[0], warnings
     waited = re.search(r"over ([0-9.]+) s", warnings[0])
-    assert waited and float(waited.group(1)) >= ACCOUNTING_DEADLINE  # read until the deadline
+    assert waited and float(waited.group(1)) >= SHORT_DEADLINE  # read until the deadline
 
 
 def _record_failure(function, seen: dict, release: Path) -> None:
@@ -244,9 +251,11 @@ def _record_failure(function, seen: dict, release: Path) -> None:
 
 
 def test_a_run_scope_step_while_accounting_is_away_reports_the_status_file_state(
-    slurm_cluster, slurmdbd, tmp_path
+    slurm_cluster, slurmdbd, tmp_path, monkeypatch
 ):
     from session_support import session_compute
+
+    monkeypatch.setattr(session_runner, "ACCOUNTING_DEADLINE", SHORT_DEADLINE)
 
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     compute = session_compute("bash", slurm_cluster.env())

@@ -1,9 +1,10 @@
 """The relay example (examples/dagster_slurm_relay) carried past a real walltime (dev cluster).
 
-The example's own asset, policy and payload with the example's allocation settings: a
-3-minute allocation with ``signal_before_timeout="TERM@90"``, so Slurm itself drains it; the
-successor (one node, as the first allocation: the partition has two) was queued at once and
-is RUNNING by then. The payload finishes its unit and exits 0 (``SlurmStepDrained``), the
+The example's own asset, policy and payload with the example's kind of allocation, scaled
+down: a 2-minute allocation (the example's is 3 minutes with ``TERM@90``) with
+``signal_before_timeout="TERM@60"``, so Slurm itself drains it, 30 to 60 s after the start
+(Slurm checks every 30 s); 36 units of 2 s outlast that. The successor (one node, as the
+first allocation: the partition has two) was queued at once and is RUNNING by then. The payload finishes its unit and exits 0 (``SlurmStepDrained``), the
 relay promotes the successor and runs the payload again; every unit is committed exactly
 once, by the two allocations together.
 """
@@ -28,7 +29,7 @@ from dagster_slurm_relay.definitions import relayed_units  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-UNITS = 60
+UNITS = 36
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,8 @@ def test_the_relay_example_over_slurms_own_pre_walltime_signal(env):
     slurm.agent().run(write_file_op(f"{work}/.keep", "", makedirs=True))
     resource = compute(
         env, slurm=slurm, default_launcher=BashLauncher(), allocation_scope="run",
-        run_allocation=SlurmRunAllocationConfig(  # the example's settings (relay_compute)
-            time_limit="00:03:00", signal_before_timeout="TERM@90",
+        run_allocation=SlurmRunAllocationConfig(  # relay_compute's, with a shorter walltime
+            time_limit="00:02:00", signal_before_timeout="TERM@60",
             heartbeat_interval=5, heartbeat_timeout=120),
     )
     config = {"work_dir": work, "units": UNITS, "check_interval": 2, "start_timeout": 180}

@@ -1,7 +1,7 @@
 """The relay example (examples/dagster_slurm_relay) on the dev cluster, drained on demand.
 
-The example's own asset, policy and payload, in a real Dagster ``materialize``: 60 work
-units with per-unit exclusive-create commits on the shared filesystem. Each allocation
+The example's own asset, policy and payload, in a real Dagster ``materialize``: 36 work
+units (of 1 s) with per-unit exclusive-create commits on the shared filesystem. Each allocation
 takes both nodes of partition ``cpu``, so the successor the policy queues at once cannot
 start while the first allocation holds them: it is still PENDING when the policy calls
 ``request_drain()`` (160 s before the live ``end_time`` of a 3-minute allocation). The
@@ -32,7 +32,7 @@ from dagster_slurm_relay.definitions import relayed_units  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-UNITS = 60
+UNITS = 36  # the drain comes about 20 s in: both allocations do part of the work
 
 
 @pytest.fixture(scope="module")

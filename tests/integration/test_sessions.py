@@ -59,6 +59,11 @@ with open_dagster_pipes() as pipes:
 """
 
 
+#: The dead-man's switch limit of the heartbeat tests, in seconds: the shortest the library
+#: accepts (with allow_short_heartbeat_timeout), five beats of 1 s.
+SHORT_HEARTBEAT_LIMIT = 5
+
+
 @pytest.fixture(scope="module")
 def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
@@ -200,7 +205,9 @@ def test_shape_mismatch_fails_before_submission(env, tmp_path):
 
 def test_unschedulable_run_allocation_fails_with_the_reason_and_is_cancelled(env, tmp_path):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
-    compute = session_compute("bash", env, time_limit="03:00:00")  # MaxTime is 02:00:00
+    # MaxTime is 02:00:00; a grace of 1 s instead of the default 10: the reason is for good
+    compute = session_compute("bash", env, resource_options={"pending_grace_seconds": 1.0},
+                              time_limit="03:00:00")
     start = time.monotonic()
     result = materialize_one(payload, compute, raise_on_error=False)
     text = step_failure(result)
@@ -363,17 +370,18 @@ def test_orphan_sensor_cancels_allocation_and_fails_run_after_sigkill(env, tmp_p
 @pytest.mark.slow
 def test_allocation_cancels_itself_without_heartbeat(env, tmp_path):
     proc, name = _start_sleeping_run(
-        env, tmp_path, DSLURM_TEST_HEARTBEAT_INTERVAL="1", DSLURM_TEST_HEARTBEAT_TIMEOUT="8",
+        env, tmp_path, DSLURM_TEST_HEARTBEAT_INTERVAL="1",
+        DSLURM_TEST_HEARTBEAT_TIMEOUT=str(SHORT_HEARTBEAT_LIMIT),
     )
     job_id = active_jobs(env, name)[0][0]
-    time.sleep(12)
+    time.sleep(1.5 * SHORT_HEARTBEAT_LIMIT)
     assert active_jobs(env, name), "heartbeats of the live supervisor must keep it"
     killed_at = time.monotonic()
     proc.kill()
     proc.wait(30)
     assert wait_until(lambda: not active_jobs(env, name), 60), active_jobs(env, name)
     took = time.monotonic() - killed_at
-    assert 6 <= took <= 40, took
+    assert SHORT_HEARTBEAT_LIMIT - 2 <= took <= 40, took
     (marker,) = Path("/home/dslurm/dagster-slurm/sessions").glob(f"*/jobs/{job_id}/ended_by")
     assert marker.read_text().strip() == "heartbeat"
 
@@ -381,8 +389,8 @@ def test_allocation_cancels_itself_without_heartbeat(env, tmp_path):
 @pytest.mark.slow
 def test_dead_mans_switch_judges_heartbeat_content_not_mtime(env):
     slurm = slurm_resource(env)
-    config = SlurmRunAllocationConfig(heartbeat_timeout=8, heartbeat_interval=1,
-                                      allow_short_heartbeat_timeout=True)
+    config = SlurmRunAllocationConfig(heartbeat_timeout=SHORT_HEARTBEAT_LIMIT,
+                                      heartbeat_interval=1, allow_short_heartbeat_timeout=True)
     session = RunSession(slurm, str(uuid.uuid4()), config, BashLauncher(), activation=lambda: None)
     heartbeat = session.paths.heartbeat
     try:
@@ -391,7 +399,7 @@ def test_dead_mans_switch_judges_heartbeat_content_not_mtime(env):
         # Fresh content, stale mtime: twice the limit later the allocation is still there.
         stale_mtimes, contents = 0, set()
         with Toucher(heartbeat, "1 hour ago"):
-            end = time.monotonic() + 2 * 8 + 2
+            end = time.monotonic() + 2 * SHORT_HEARTBEAT_LIMIT + 2
             while time.monotonic() < end:
                 assert active_jobs(env, session.job_name), "a live supervisor's allocation ended"
                 stale_mtimes += os.stat(heartbeat).st_mtime < time.time() - 3000

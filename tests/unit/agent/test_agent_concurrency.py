@@ -11,8 +11,10 @@ from pathlib import Path
 
 from agent_support import SRC
 
+#: Eight writers at once contend for the lock on every one of their transactions; a dozen
+#: each is enough for them to overlap (each transaction starts the agent program afresh).
 PROCESSES = 8
-INCREMENTS = 50
+INCREMENTS = 12
 
 _WORKER = """
 import sys

@@ -54,6 +54,13 @@ case $1 in
 esac
 """
 
+#: The heartbeat limit of the dead-man's switch tests, in whole seconds; the server checks
+#: every 2 s, so a switch that wrongly fired would fire within LIMIT + 2 s.
+LIMIT = 2
+#: How long those tests watch a server that must stay up: the limit, one check interval and
+#: a 2 s margin.
+ALIVE_FOR = LIMIT + 4
+
 # A step that waits (bounded: it always ends within ~20 s) until a file appears.
 WAIT_LOOP = "for _i in $(seq 200); do [ -e {flag} ] && break; sleep 0.1; done"
 
@@ -439,7 +446,7 @@ def test_stale_heartbeat_cancels_the_allocation(tmp_path: Path) -> None:
         Path(paths.heartbeat).write_text("login 1\n")
         subprocess.run(["touch", "-d", "-60 seconds", paths.heartbeat], check=True)
 
-    with step_server(tmp_path, heartbeat_timeout=5, before_start=old_heartbeat) as server:
+    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=old_heartbeat) as server:
         server.wait_ready()
         scancel = server.logs / "scancel.args"
         wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
@@ -492,10 +499,10 @@ def _first_heartbeat(paths: SessionPaths) -> None:
 
 
 def test_fresh_heartbeat_keeps_the_allocation(tmp_path: Path) -> None:
-    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
         with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
             server.wait_ready()
-            _assert_alive_for(server, 9)  # the limit plus the 2 s check interval, with margin
+            _assert_alive_for(server, ALIVE_FOR)
 
 
 @pytest.mark.parametrize("mtime_offset", [-3600.0, 3600.0])
@@ -503,11 +510,11 @@ def test_changing_content_keeps_the_allocation_whatever_the_mtime(
     tmp_path: Path, mtime_offset: float
 ) -> None:
     # an mtime an hour old (attribute cache) or an hour ahead (clock skew) is not looked at
-    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
         beat = lambda n: _write_beat(server.paths.heartbeat, n, mtime_offset=mtime_offset)  # noqa: E731
         with beating(server, beat):
             server.wait_ready()
-            _assert_alive_for(server, 9)
+            _assert_alive_for(server, ALIVE_FOR)
 
 
 @pytest.mark.parametrize("mtime_offset", [0.0, 3600.0])
@@ -518,7 +525,7 @@ def test_unchanged_content_ends_the_allocation_though_the_file_is_touched(
         when = time.time() + mtime_offset
         os.utime(server.paths.heartbeat, (when, when))
 
-    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
         with beating(server, touch):
             server.wait_ready()
             scancel = server.logs / "scancel.args"
@@ -529,12 +536,12 @@ def test_unchanged_content_ends_the_allocation_though_the_file_is_touched(
 
 
 def test_heartbeat_that_stops_changing_ends_the_allocation(tmp_path: Path) -> None:
-    with step_server(tmp_path, heartbeat_timeout=5, before_start=_first_heartbeat) as server:
+    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
         with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
             server.wait_ready()
             _assert_alive_for(server, 3)
         stopped = time.monotonic()
         scancel = server.logs / "scancel.args"
         wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
-    assert time.monotonic() - stopped >= 5  # the limit counts from the last change
+    assert time.monotonic() - stopped >= LIMIT  # the limit counts from the last change
     assert read(server.job_dir / "ended_by") == "heartbeat\n"
