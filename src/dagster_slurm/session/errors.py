@@ -83,3 +83,9 @@ class SessionError(DagsterSlurmError):
     """The run session cannot provide an allocation (submission failed, startup failed), or
     refused a successor operation (one is outstanding, it is not RUNNING, a predecessor
     payload is active); the message says which and what to do."""
+
+
+class PromotionDeferred(SessionError):
+    """A promotion that may succeed when tried again shortly: the predecessor still has
+    unfinished payload steps (a draining head's drivers stop at their checkpoint), or the
+    scheduler did not answer."""

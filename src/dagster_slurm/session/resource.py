@@ -154,6 +154,11 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         """The run's current allocation (submitted or attached to, and ready)."""
         return self.get_session(context).ensure(getattr(context, "log", None))
 
+    def replace_head(self, context: Any, timeout: float | None = None) -> SlurmAllocation:
+        """The run's healthy head, electing one first when it has none; see
+        :meth:`RunSession.replace_head`."""
+        return self.get_session(context).replace_head(timeout, logger=getattr(context, "log", None))
+
     def submit_successor(self, context: Any,
                          config: SlurmRunAllocationConfig | None = None) -> SuccessorAllocation:
         """Queue a successor of the run's current allocation; see

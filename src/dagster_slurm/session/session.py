@@ -175,6 +175,7 @@ class RunSession:
         self._allocation: SlurmAllocation | None = None
         self._lock = threading.RLock()
         self._heartbeat: _Heartbeat | None = None
+        self._head_watch: Any = None  # a HeadWatch (session/head_watch.py) with the heartbeat
         self._closed = False
         self._used = False
         #: Called with the job id of a newly promoted allocation to publish the run tag
@@ -259,6 +260,22 @@ class RunSession:
             raise
 
     # -- successors ------------------------------------------------------------------------
+    def replace_head(self, timeout: float | None = None, *, logger: Any = None) -> SlurmAllocation:
+        """The session's healthy head allocation, electing one first when it has none (its
+        job ended, its Ray stopped while the job runs, or it drains).
+
+        Any number of processes may call it at once: the first caller claims the election
+        and elects, the others wait, and all get the same head; a healthy head is returned
+        unchanged (to move one, call ``request_drain()`` on it first). It elects a running
+        published successor, else (a queued successor is promoted once it runs) a new
+        allocation shaped like the first head. ``timeout``: seconds for the whole call
+        (None: no limit); :class:`~dagster_slurm.session.head_election.HeadElectionTimeout`
+        once it passed. See :mod:`dagster_slurm.session.head_election`."""
+        from dagster_slurm.session.head_election import replace_head
+
+        self._begin_use()
+        return replace_head(self, timeout, logger)
+
     def submit_successor(self, config: SlurmRunAllocationConfig | None = None, *,
                          logger: Any = None) -> SuccessorAllocation:
         """Queue a successor of the current allocation and return once sbatch answered.
@@ -563,6 +580,11 @@ class RunSession:
             self.beat()
             self._heartbeat = _Heartbeat(self, self.config.heartbeat_interval)
             self._heartbeat.start()
+            if self.has_ray:
+                from dagster_slurm.session.head_watch import HeadWatch
+
+                self._head_watch = HeadWatch(self)
+                self._head_watch.start()
 
     def close(self, *, cancel: bool, reason: str = "", logger: Any = None) -> None:
         """Stop the heartbeat; with ``cancel``, cancel every job of the session's name and
@@ -570,8 +592,11 @@ class RunSession:
         with self._lock:
             self._closed = True
             heartbeat, self._heartbeat = self._heartbeat, None
+            watch, self._head_watch = self._head_watch, None
         if heartbeat is not None:
             heartbeat.stop()
+        if watch is not None:
+            watch.stop()
         if cancel:
             self.cancel_all(reason, logger)
 

@@ -59,7 +59,7 @@ from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.scheduler.client import StatusSnapshot, new_token
 from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.errors import PromotionDeferred, SessionError
 from dagster_slurm.session.handover import await_running
 from dagster_slurm.session.run_tags import publish_promoted
 from dagster_slurm.session.standby import render_standby
@@ -353,8 +353,8 @@ def _check(session: RunSession, job_id: str, predecessor: str | None,
     """Raise unless the successor runs and the predecessor has no unfinished step."""
     snapshot = session.io.queue([session.job_name])
     if not snapshot.certain:
-        raise SessionError(f"the scheduler did not answer ({snapshot.error}); the successor "
-                           f"{job_id} was not promoted")
+        raise PromotionDeferred(f"the scheduler did not answer ({snapshot.error}); the "
+                                f"successor {job_id} was not promoted")
     observed = snapshot.job(job_id)
     ended = snapshot.ended_state(job_id)
     if ended is not None:
@@ -379,7 +379,7 @@ def _check_idle(session: RunSession, snapshot: StatusSnapshot, predecessor: str,
     steps = session.io.active_steps(predecessor)
     if steps:
         when = " (admitted while the successor started)" if during_startup else ""
-        raise SessionError(
+        raise PromotionDeferred(
             f"the predecessor allocation {predecessor} still has {len(steps)} active payload "
             f"step(s){when}: {'; '.join(steps)}. promote_successor() requires that none runs "
             "or waits for srun: wait until they returned (request_drain() makes them finish "

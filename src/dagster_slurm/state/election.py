@@ -191,9 +191,11 @@ def eligible_workers(doc: SessionDocument, view: SchedulerView, now: float, *,
 
 
 def choose_head(doc: SessionDocument | None, view: SchedulerView, now: float, *,
-                port_strategy: str = "random") -> HeadChoice:
+                port_strategy: str = "random", hosts_on_workers: bool = True) -> HeadChoice:
     """The session's head at ``now`` (epoch seconds, the store's clock): see the module
-    docstring for the order. ``port_strategy`` is the run's Ray launcher's."""
+    docstring for the order. ``port_strategy`` is the run's Ray launcher's;
+    ``hosts_on_workers`` False: no worker allocation is offered as a host (the caller
+    cannot start a control plane on one), as with the port strategy ``fixed``."""
     if doc is None:
         return HeadChoice(HeadChoiceKind.NEW_ALLOCATION, "the session has no document yet",
                           term=1)
@@ -221,7 +223,8 @@ def choose_head(doc: SessionDocument | None, view: SchedulerView, now: float, *,
         return HeadChoice(HeadChoiceKind.SUCCESSOR, f"{gone}; the published successor (job "
                           f"{successor.job_id}) runs", job_id=successor.job_id,
                           term=term + 1, replaces=replaces)
-    workers = eligible_workers(doc, view, now, port_strategy=port_strategy)
+    workers = (eligible_workers(doc, view, now, port_strategy=port_strategy)
+               if hosts_on_workers else [])
     if workers:
         job_id = workers[0]
         job = view.jobs[job_id]
@@ -232,7 +235,8 @@ def choose_head(doc: SessionDocument | None, view: SchedulerView, now: float, *,
                           f"most time left ({told}) and hosts the head on {node}",
                           job_id=job_id, node=node, term=term + 1, replaces=replaces)
     why = ("port_strategy 'fixed' lets no worker allocation host it" if port_strategy == "fixed"
-           else "no running, undrained worker allocation can host it")
+           else "no running, undrained worker allocation can host it" if hosts_on_workers
+           else "worker allocations do not host heads here")
     return HeadChoice(HeadChoiceKind.NEW_ALLOCATION, f"{gone}; {why}: a new allocation shaped "
                       "like the first head is submitted", term=term + 1, replaces=replaces)
 

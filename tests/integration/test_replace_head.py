@@ -1,0 +1,107 @@
+"""replace_head on the dev cluster, from several processes at once (real sbatch, scancel,
+state lock).
+
+Four processes call replace_head after the head allocation was cancelled: one election
+(term 1), one new allocation, the same head for all. An elector SIGKILLed while its new
+head waits in the queue blocks the next caller only for the claim's lease; that caller then
+takes the allocation the dead elector submitted (no second head).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from compute_support import squeue_state, wait_until
+from head_elector import election_session
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def env(slurm_cluster) -> dict[str, str]:
+    return slurm_cluster.env()
+
+
+def _elector(env: dict[str, str], run_id: str, *extra: str) -> subprocess.Popen:
+    path = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.Popen([sys.executable, str(HERE / "head_elector.py"), run_id, *extra],
+                            env={**os.environ, **env, "PYTHONPATH": path},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _document(session) -> dict:
+    return json.loads(Path(session.paths.document).read_text())
+
+
+def _running(env: dict[str, str], session) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "--name", session.job_name, "-t", "RUNNING,PENDING",
+                          "-o", "%i"], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True).stdout
+    return out.split()
+
+
+def test_four_processes_elect_one_head(env):
+    run_id = str(uuid.uuid4())
+    session = election_session(env, run_id)
+    try:
+        first = session.allocation.job_id
+        subprocess.run(["scancel", first], env={**os.environ, **env}, check=True)
+        wait_until(lambda: squeue_state(env, first) in ("", "CANCELLED", "COMPLETED"), 60,
+                   "the head to end")
+        electors = [_elector(env, run_id) for _ in range(4)]
+        heads = []
+        for proc in electors:
+            out, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err[-3000:]
+            heads.append(json.loads(out.strip().splitlines()[-1])["job_id"])
+        assert len(set(heads)) == 1 and heads[0] != first, heads
+        assert _running(env, session) == [heads[0]]  # one new allocation, no duplicate
+        doc = _document(session)
+        assert doc["election"]["term"] == 1 and doc["election"]["claimed_by"] is None
+        assert doc["allocation"]["job_id"] == heads[0]
+        # a healthy head is returned unchanged, here too
+        assert session.replace_head(timeout=60).job_id == heads[0]
+    finally:
+        session.close(cancel=True)
+
+
+def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
+    run_id = str(uuid.uuid4())
+    session = election_session(env, run_id)
+    filler = None
+    try:
+        first = session.allocation.job_id
+        # both cpu nodes busy: the elected head waits in the queue
+        filler = subprocess.run(
+            ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--mem=500M", "-t", "5",
+             "--job-name=dsl-filler", "--wrap", "sleep 300"],
+            env={**os.environ, **env}, capture_output=True, text=True, check=True,
+        ).stdout.strip().split(";")[0]
+        subprocess.run(["scancel", first], env={**os.environ, **env}, check=True)
+        wait_until(lambda: squeue_state(env, first) in ("", "CANCELLED", "COMPLETED"), 60,
+                   "the head to end")
+        wait_until(lambda: squeue_state(env, filler) == "RUNNING", 60, "the filler to run")
+        elector = _elector(env, run_id, "20")
+        wait_until(lambda: (_document(session).get("allocation") or {}).get("status")
+                   == "submitted" and (_document(session).get("election") or {}).get(
+                       "claimed_by"), 60, "the elector's claim and its submission")
+        os.kill(elector.pid, signal.SIGKILL)
+        elector.wait(30)
+        submitted = _document(session)["allocation"]["job_id"]
+        assert squeue_state(env, submitted) == "PENDING"
+        subprocess.run(["scancel", filler], env={**os.environ, **env}, check=True)
+        filler = None
+        head = session.replace_head(timeout=180)
+        assert head.job_id == submitted  # the dead elector's allocation, no second head
+        assert _running(env, session) == [submitted]
+    finally:
+        if filler:
+            subprocess.run(["scancel", filler], env={**os.environ, **env}, check=False)
+        session.close(cancel=True)

@@ -1,0 +1,202 @@
+"""replace_head against an in-memory cluster and a fake clock (no real sleeps, no threads
+renewing: the claim keeper's first renewal is half a lease of real time away).
+
+A healthy head is returned unchanged and no claim is written; a lost head is replaced by
+the running published successor, by a queued successor once it runs, or by a new
+allocation; a claim held by another elector is waited for and taken over once its lease
+passed; an uncertain scheduler never elects; a failed election releases its claim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from session_fakes import FakeCluster
+from test_session_successor import _running_head, _session, _start_on_promotion
+
+from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.head_election import HeadElectionTimeout, _ClaimKeeper
+from dagster_slurm.session.head_watch import HeadWatch, WatchAction, decide
+from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import election_transitions as et
+from dagster_slurm.state.election import (
+    HANDOVER_LEAD,
+    HEAD_CHECK_INTERVAL,
+    WORKER_DISCOVERY_INTERVAL,
+)
+
+
+def _start_new_heads(cluster: FakeCluster) -> None:
+    """Every later submission starts 3 s after sbatch answered."""
+    cluster.on_submit = lambda job: cluster.clock.at(
+        cluster.clock.t + 3, lambda: cluster.start(job.job_id, nodes=("c2",)))
+
+
+def test_a_healthy_head_is_returned_unchanged_and_nothing_is_claimed() -> None:
+    session, cluster, head = _running_head()
+    assert session.replace_head(timeout=10).job_id == head
+    assert cluster.doc().get("election") is None
+    assert cluster.calls.get("sbatch") == 1
+
+
+def test_a_lost_head_is_replaced_by_the_running_published_successor() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor(SlurmRunAllocationConfig())
+    cluster.start(successor.job_id, nodes=("c2",))
+    cluster.end(head, JobState.CANCELLED)
+    _start_on_promotion(cluster, successor.job_id)
+    allocation = session.replace_head(timeout=60)
+    assert allocation.job_id == successor.job_id
+    doc = cluster.doc()
+    assert doc["allocation"]["job_id"] == successor.job_id
+    assert doc["election"]["term"] == 1 and doc["election"]["claimed_by"] is None
+    assert doc["election"]["candidate"] == successor.job_id
+
+
+def test_a_lost_head_without_successor_gets_a_new_allocation_shaped_like_it() -> None:
+    session, cluster, head = _running_head()
+    cluster.end(head, JobState.NODE_FAIL)
+    _start_new_heads(cluster)
+    allocation = session.replace_head(timeout=60)
+    assert allocation.job_id != head and cluster.calls["sbatch"] == 2
+    assert cluster.specs[-1].partition == cluster.specs[0].partition
+    assert cluster.specs[-1].time_limit == cluster.specs[0].time_limit
+    doc = cluster.doc()
+    assert doc["allocation"]["job_id"] == allocation.job_id
+    assert any(r.get("job_id") == head for r in doc["history"].values())
+    assert doc["election"]["claimed_by"] is None and doc["election"]["candidate"] is None
+    # a second call (another process that waited) gets the same head, nothing new
+    assert session.replace_head(timeout=10).job_id == allocation.job_id
+    assert cluster.calls["sbatch"] == 2
+
+
+def test_a_queued_successor_is_promoted_once_it_runs_instead_of_a_new_allocation() -> None:
+    session, cluster, head = _running_head()
+    successor = session.submit_successor(SlurmRunAllocationConfig())
+    cluster.end(head, JobState.TIMEOUT)
+    cluster.clock.at(cluster.clock.t + 20, lambda: cluster.start(successor.job_id, nodes=("c2",)))
+    _start_on_promotion(cluster, successor.job_id)
+    allocation = session.replace_head(timeout=600)
+    assert allocation.job_id == successor.job_id
+    assert cluster.calls["sbatch"] == 2  # the head and the successor, nothing more
+
+
+def test_an_unexpired_claim_of_another_elector_is_waited_out_then_taken_over() -> None:
+    session, cluster, head = _running_head()
+    cluster.end(head, JobState.CANCELLED)
+    read = cluster.read()
+    claim = et.claim_election(read.doc, owner="other:1:dead", candidate=None, now=read.now)
+    assert isinstance(claim, et.Change) and cluster.apply(claim).ok
+    started = cluster.clock.t
+    _start_new_heads(cluster)
+    allocation = session.replace_head(timeout=600)
+    waited = cluster.clock.t - started
+    assert et.CLAIM_TTL <= waited <= et.CLAIM_TTL + 30  # blocked for at most the lease
+    assert allocation.job_id != head
+    assert cluster.doc()["election"]["term"] == 2
+
+
+def test_an_uncertain_scheduler_never_elects_and_the_timeout_says_so() -> None:
+    session, cluster, head = _running_head()
+    cluster.end(head, JobState.CANCELLED)
+    cluster.queue_answers = False
+    with pytest.raises(HeadElectionTimeout, match="uncertain"):
+        session.replace_head(timeout=30)
+    assert cluster.calls["sbatch"] == 1 and cluster.doc().get("election") is None
+
+
+def test_a_failed_election_releases_its_claim_and_the_error_propagates() -> None:
+    session, cluster, head = _running_head()
+    cluster.end(head, JobState.CANCELLED)
+    cluster.sbatch_error = "Invalid partition name specified"
+    with pytest.raises(Exception, match="Invalid partition"):
+        session.replace_head(timeout=60)
+    election = cluster.doc()["election"]
+    assert election["claimed_by"] is None  # the next caller elects at once
+
+
+def test_the_claim_keeper_renews_and_notices_a_takeover() -> None:
+    session, cluster, head = _running_head()
+    cluster.end(head, JobState.CANCELLED)
+    read = cluster.read()
+    claim = et.claim_election(read.doc, owner="me", candidate=None, now=read.now)
+    assert isinstance(claim, et.Change) and cluster.apply(claim).ok
+    keeper = _ClaimKeeper(session, "me", 1)
+    before = cluster.doc()["election"]["expires_at"]
+    cluster.clock.sleep(50)
+    assert keeper.renew_once() and cluster.doc()["election"]["expires_at"] > before
+    cluster.clock.sleep(et.CLAIM_TTL + 1)
+    read = cluster.read()
+    takeover = et.claim_election(read.doc, owner="other", candidate=None, now=read.now)
+    assert isinstance(takeover, et.Change) and cluster.apply(takeover).ok
+    assert not keeper.renew_once() and keeper.lost
+
+
+def test_a_closed_session_elects_nothing() -> None:
+    session, cluster = _session()
+    session.ensure  # noqa: B018 - the session exists but never submitted
+    session.close(cancel=True)
+    with pytest.raises(Exception, match="closed"):
+        session.replace_head(timeout=5)
+
+
+# -- the step processes' head check ----------------------------------------------------------
+def _add_worker_record(cluster: FakeCluster, job_id: str = "900") -> None:
+    """A live worker allocation in the document (as add_worker_allocation records it)."""
+    assert cluster.store.transact([
+        {"op": "add", "path": f"/workers/{job_id}",
+         "value": {"job_id": job_id, "nodes": ["g1"], "config": {}}},
+    ]).ok
+
+
+def _view(cluster: FakeCluster, session: Any) -> tuple[Any, Any, float]:
+    from dagster_slurm.session.head_election import scheduler_view
+
+    return scheduler_view(session)
+
+
+def test_decide_is_idle_without_workers_and_keeps_a_healthy_head() -> None:
+    session, cluster, head = _running_head()
+    doc, view, now = _view(cluster, session)
+    assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.IDLE
+    _add_worker_record(cluster)
+    doc, view, now = _view(cluster, session)
+    kept = decide(doc, view, now, separate_head=False, has_signal=True)
+    assert kept.action is WatchAction.KEEP and kept.head == head
+
+
+def test_decide_elects_when_the_head_ended_and_never_on_an_uncertain_answer() -> None:
+    session, cluster, head = _running_head()
+    _add_worker_record(cluster)
+    cluster.end(head, JobState.CANCELLED)
+    doc, view, now = _view(cluster, session)
+    assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.ELECT
+    cluster.queue_answers = False
+    doc, view, now = _view(cluster, session)
+    assert decide(doc, view, now, separate_head=True, has_signal=True).action is WatchAction.KEEP
+
+
+def test_decide_drains_a_head_without_signal_near_its_walltime() -> None:
+    session, cluster, head = _running_head()
+    _add_worker_record(cluster)
+    doc, view, now = _view(cluster, session)  # the fake queue says 600 s left
+    assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.KEEP
+    late = now + 600 - HANDOVER_LEAD + 1
+    assert decide(doc, view, late, separate_head=False,
+                  has_signal=False).action is WatchAction.DRAIN
+
+
+def test_the_watch_of_a_step_process_elects_a_new_head_once_the_head_ended() -> None:
+    session, cluster, head = _running_head()
+    watch = HeadWatch(session)
+    assert watch.check_once().action is WatchAction.IDLE
+    assert watch.interval == WORKER_DISCOVERY_INTERVAL  # a later worker is found within 2 min
+    _add_worker_record(cluster)
+    assert watch.check_once().action is WatchAction.KEEP and watch.interval == HEAD_CHECK_INTERVAL
+    cluster.end(head, JobState.CANCELLED)
+    _start_new_heads(cluster)
+    assert watch.check_once().action is WatchAction.ELECT
+    new_head = cluster.doc()["allocation"]["job_id"]
+    assert new_head != head and cluster.jobs[new_head].state is JobState.RUNNING
+    assert watch.check_once().action is WatchAction.KEEP
