@@ -53,6 +53,7 @@ from dagster_slurm.state.election import SchedulerView, needs_worker
 
 if TYPE_CHECKING:
     from dagster_slurm.session.session import RunSession
+    from dagster_slurm.state.schema import SessionDocument
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -242,7 +243,7 @@ def submit_worker_allocation(session: RunSession, config: SlurmWorkerAllocationC
     return add_worker_allocation(session, config, logger)
 
 
-def _scheduler_view(session: RunSession) -> tuple[Any, SchedulerView]:
+def _scheduler_view(session: RunSession) -> tuple[SessionDocument | None, SchedulerView]:
     """The session document and one squeue of the session's job name, as a view."""
     read = session.io.read()
     snapshot = session.io.queue([session.job_name])
@@ -252,12 +253,14 @@ def _scheduler_view(session: RunSession) -> tuple[Any, SchedulerView]:
 
 
 def keep_a_worker(session: RunSession, logger: Any = None, *,
-                  submit: Submit | None = None) -> bool:
+                  submit: Submit | None = None,
+                  observed: tuple[SessionDocument | None, SchedulerView] | None = None) -> bool:
     """Submit the session's first worker allocation again when the session has no live
     worker allocation and none is being submitted; see the module docstring. True when
     this process submitted one. Does nothing for a session without a :class:`RunLayout`.
     ``submit`` (None: :func:`submit_worker_allocation`) submits it and returns at
-    submission.
+    submission. ``observed``: the document and scheduler view the caller just read (the
+    head watch's), used for the first look instead of reading them again.
 
     A document or squeue that cannot be read, or another process holding
     :data:`WORKER_LEASE`, submits nothing (logged); an error of the submission itself (sbatch
@@ -267,7 +270,7 @@ def keep_a_worker(session: RunSession, logger: Any = None, *,
         return False
     out = ProgressLog(logger)
     try:
-        doc, view = _scheduler_view(session)
+        doc, view = observed if observed is not None else _scheduler_view(session)
         if not needs_worker(doc, view):
             return False
         owner = lease.new_owner_id()

@@ -201,6 +201,12 @@ class RunSession:
         return isinstance(self.launcher, RayLauncher)
 
     @property
+    def separate_head(self) -> bool:
+        """True when the run's Ray cluster spans the head allocation and worker allocations
+        from the start (a :attr:`layout`): every step process then watches the head."""
+        return self.layout is not None
+
+    @property
     def store(self) -> StateStore:
         """The session document's store (through ``io``)."""
         return self.io.store

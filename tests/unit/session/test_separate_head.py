@@ -412,3 +412,23 @@ def test_a_session_without_a_layout_never_submits_a_worker() -> None:
     submitter = _Submitter(cluster)
     assert keep_a_worker(session, submit=submitter) is False
     assert submitter.calls == []
+
+
+def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagster_slurm.session.head_watch import HeadWatch, WatchAction
+
+    session, cluster, submitter = _ready_head()
+    monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
+    session.ensure()
+    assert session.separate_head and len(submitter.calls) == 1
+    watch = HeadWatch(session)
+    assert watch.check_once().action is WatchAction.KEEP  # watched at once: a separate head
+    assert len(submitter.calls) == 1  # the worker submitted by ensure() is pending: live
+    (worker,) = [j for j in cluster.jobs.values() if j.job_id != "100"]
+    cluster.end(worker.job_id, JobState.CANCELLED)
+    squeues = cluster.calls.get("squeue", 0)
+    assert watch.check_once().action is WatchAction.KEEP
+    assert len(submitter.calls) == 2
+    # the watch's own read is the first look; one more squeue under the lease
+    assert cluster.calls["squeue"] - squeues == 2
