@@ -432,3 +432,19 @@ def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
     assert len(submitter.calls) == 2
     # the watch's own read is the first look; one more squeue under the lease
     assert cluster.calls["squeue"] - squeues == 2
+
+
+def test_a_successor_of_a_separate_head_is_shaped_and_started_like_the_head() -> None:
+    session, cluster, _submitter = _ready_head()
+    session._acquire(session_log())  # type: ignore[arg-type]
+    successor = session.submit_successor(SlurmRunAllocationConfig(time_limit="00:20:00"))
+    spec = cluster.specs[-1]
+    assert (spec.partition, spec.time_limit, spec.num_nodes) == ("cpu", "00:20:00", 1)
+    assert spec.cpus_per_task == 2 and spec.mem == "1500M" and not spec.gpus_per_node
+    assert spec.time_min is None and spec.signal is None and spec.account == "proj"
+    cluster.run_without_ready(successor.job_id)
+    cluster.on_write = lambda files: cluster.clock.at(
+        cluster.clock.t + 2, lambda: cluster.start(successor.job_id, nodes=("c2",)))
+    assert session.promote_successor().job_id == successor.job_id
+    (script,) = [text for path, text in cluster.files.items() if "/promoted-" in path]
+    assert "\n__ds_ray_num_cpus=0\n" in script and "\n__ds_ray_num_gpus=0\n" in script
