@@ -106,7 +106,9 @@ class HeadWatch(threading.Thread):
         self.session = session
         self.logger = logger
         self._stop_event = threading.Event()
-        self.interval = WORKER_DISCOVERY_INTERVAL
+        # a separate head is watched from the start; otherwise the first worker is awaited
+        self.interval = (HEAD_CHECK_INTERVAL if getattr(session, "separate_head", False)
+                         else WORKER_DISCOVERY_INTERVAL)
 
     def check_once(self) -> WatchDecision:
         """One check, acted upon; returns the decision."""

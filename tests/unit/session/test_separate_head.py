@@ -417,13 +417,15 @@ def test_a_session_without_a_layout_never_submits_a_worker() -> None:
 def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from dagster_slurm.session.head_watch import HeadWatch, WatchAction
+    from dagster_slurm.state.election import HEAD_CHECK_INTERVAL
 
     session, cluster, submitter = _ready_head()
     monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
     session.ensure()
     assert session.separate_head and len(submitter.calls) == 1
     watch = HeadWatch(session)
-    assert watch.check_once().action is WatchAction.KEEP  # watched at once: a separate head
+    assert watch.interval == HEAD_CHECK_INTERVAL  # a separate head is watched from the start
+    assert watch.check_once().action is WatchAction.KEEP
     assert len(submitter.calls) == 1  # the worker submitted by ensure() is pending: live
     (worker,) = [j for j in cluster.jobs.values() if j.job_id != "100"]
     cluster.end(worker.job_id, JobState.CANCELLED)
