@@ -121,8 +121,7 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
                 "num_nodes", self.num_nodes,
                 f"differs from run_allocation.num_nodes={config.num_nodes}; set one of the two",
             )
-        return type(config)(**{**config.model_dump(exclude_unset=True),
-                               "num_nodes": self.num_nodes})
+        return type(config)(**{**config.model_dump(), "num_nodes": self.num_nodes})
 
     def _run_layout(self) -> RunLayout | None:
         return session_resource_layout(

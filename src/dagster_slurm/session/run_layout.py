@@ -161,7 +161,8 @@ def separate_head_layout(
     check_head_allocation(ray_head_allocation, "ray_head_allocation")
     worker_source = run_allocation or SlurmRunAllocationConfig()
     for name in SESSION_FIELDS:
-        if name in worker_source.model_fields_set:
+        # by value: Dagster rebuilds a resource's nested config with every field given
+        if getattr(worker_source, name) != SlurmRunAllocationConfig.model_fields[name].default:
             raise ConfigurationError(
                 f"run_allocation.{name}", getattr(worker_source, name),
                 "with ray_head_allocation set, the session's allocation is the head and "

@@ -450,3 +450,16 @@ def test_a_successor_of_a_separate_head_is_shaped_and_started_like_the_head() ->
     assert session.promote_successor().job_id == successor.job_id
     (script,) = [text for path, text in cluster.files.items() if "/promoted-" in path]
     assert "\n__ds_ray_num_cpus=0\n" in script and "\n__ds_ray_num_gpus=0\n" in script
+
+
+def test_a_separate_head_survives_dagster_building_the_resource_again() -> None:
+    import dagster as dg
+
+    compute = _compute(mode="local", slurm=None)
+
+    @dg.asset
+    def uses(compute: ComputeResource) -> int:
+        return 1 if compute.ray_head_allocation == HEAD else 0
+
+    result = dg.materialize([uses], resources={"compute": compute})
+    assert result.success and result.output_for_node("uses") == 1
