@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "RayPortConfig": "dagster_slurm.launchers.ray_ports",
     "SlurmRunAllocationConfig": "dagster_slurm.session.config",
     "SlurmWorkerAllocationConfig": "dagster_slurm.session.worker_config",
+    "WorkerAllocation": "dagster_slurm.session.workers",
     "SlurmSessionResource": "dagster_slurm.session.resource",
     "RunSession": "dagster_slurm.session.session",
     "SlurmAllocation": "dagster_slurm.session.allocation",
@@ -97,6 +98,7 @@ __all__ = [
     "SlurmSubmissionError",
     "SlurmWorkerAllocationConfig",
     "TransportError",
+    "WorkerAllocation",
     "build_slurm_orphan_reconcile_sensor",
     "reconcile_orphaned_slurm_runs",
 ]
@@ -152,6 +154,7 @@ if TYPE_CHECKING:
     from dagster_slurm.session.resource import SlurmSessionResource
     from dagster_slurm.session.session import RunSession
     from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+    from dagster_slurm.session.workers import WorkerAllocation
     from dagster_slurm.slurm.queue import SlurmQueueConfig
     from dagster_slurm.slurm.states import JobState
 

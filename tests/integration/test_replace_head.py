@@ -47,6 +47,11 @@ def _running(env: dict[str, str], session) -> list[str]:
     return out.split()
 
 
+def _queue(env: dict[str, str]) -> str:
+    return subprocess.run(["squeue", "-o", "%i %j %T %N %R"], env={**os.environ, **env},
+                          capture_output=True, text=True).stdout
+
+
 def test_four_processes_elect_one_head(env):
     run_id = str(uuid.uuid4())
     session = election_session(env, run_id)
@@ -80,14 +85,16 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
         first = session.allocation.job_id
         # both cpu nodes busy: the elected head waits in the queue
         filler = subprocess.run(
-            ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--mem=500M", "-t", "5",
-             "--job-name=dsl-filler", "--wrap", "sleep 300"],
+            ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-t", "5",
+             "--job-name=dsl-filler", "--output=/dev/null", "--chdir=/tmp",
+             "--wrap", "sleep 300"],
             env={**os.environ, **env}, capture_output=True, text=True, check=True,
         ).stdout.strip().split(";")[0]
         subprocess.run(["scancel", first], env={**os.environ, **env}, check=True)
         wait_until(lambda: squeue_state(env, first) in ("", "CANCELLED", "COMPLETED"), 60,
                    "the head to end")
-        wait_until(lambda: squeue_state(env, filler) == "RUNNING", 60, "the filler to run")
+        wait_until(lambda: squeue_state(env, filler) == "RUNNING", 120,
+                   "the filler to run")
         elector = _elector(env, run_id, "20")
         wait_until(lambda: (_document(session).get("allocation") or {}).get("status")
                    == "submitted" and (_document(session).get("election") or {}).get(

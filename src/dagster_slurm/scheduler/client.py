@@ -193,6 +193,7 @@ class SlurmScheduler:
         record_value: Mapping[str, Any] | None = None,
         create: Mapping[str, Any] | None = None,
         guards: Sequence[Mapping[str, Any]] = (),
+        on_submitted: tuple[str, Mapping[str, Any]] | None = None,
     ) -> SubmittedJob:
         """Write ``files`` (path -> (content, mode)), then submit ``spec`` with a token.
 
@@ -207,6 +208,8 @@ class SlurmScheduler:
         ``record`` already holds another submission, the agent's
         :class:`~dagster_slurm.agent.exceptions.SubmissionInDoubt` propagates (the record is
         still ``submitting``) or the other job is returned with ``recovered`` set.
+        ``on_submitted`` (``(path template, value)``, e.g. ``("/workers/{job_id}", {...})``)
+        also writes the job's own record when sbatch answered (see the agent's ``submit``).
         """
         token = token or new_token()
         spec = _with_comment(spec, token)
@@ -226,6 +229,7 @@ class SlurmScheduler:
                     record_value=record_value,
                     create=dict(create) if create is not None else {"schema_version": 1},
                     guards=guards,
+                    on_submitted=on_submitted,
                 ),
                 requires=written,
             )

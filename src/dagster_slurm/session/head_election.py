@@ -44,6 +44,7 @@ from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import PromotionDeferred, SessionError
+from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.election import HeadChoice, HeadChoiceKind, SchedulerView, choose_head
@@ -98,7 +99,7 @@ def replace_head(session: RunSession, timeout: float | None = None,
         kind = choice.kind
         if kind is HeadChoiceKind.CLOSED:
             raise SessionError(tr.closed_message(doc, session.job_name))
-        if kind is HeadChoiceKind.KEEP:
+        if kind is HeadChoiceKind.KEEP or _orphaned_start(doc, view, now):
             assert choice.job_id is not None
             return _keep(session, choice.job_id, out)
         if kind is not HeadChoiceKind.WAIT:
@@ -128,13 +129,35 @@ def _pause(session: RunSession, backoff: PollBackoff, deadline: float | None, wh
     session._pause(delay, "the election of the run's Ray head")
 
 
+def _orphaned_start(doc: SessionDocument | None, view: SchedulerView, now: float) -> bool:
+    """True when the head record is a submitted allocation whose job RUNS while nobody
+    holds the election's claim: its submitter (an elector that died, say) is not there to
+    record it ready, so this caller attaches to it (and records it)."""
+    if doc is None or doc.allocation is None or not doc.allocation.job_id:
+        return False
+    if tr.head_state(doc) is not tr.HeadState.SUBMITTED:
+        return False
+    if et.claim_state(doc, now) is et.ClaimState.CLAIMED:
+        return False
+    job = view.jobs.get(str(doc.allocation.job_id))
+    return job is not None and job.state is JobState.RUNNING
+
+
 def _keep(session: RunSession, job_id: str, out: ProgressLog) -> SlurmAllocation:
-    """The healthy head ``job_id``; a cached allocation of an earlier head is dropped."""
+    """The head ``job_id``, attached to (a cached allocation of an earlier head is dropped);
+    a head record still ``submitted`` is recorded ready (its submitter may be gone)."""
     with session._lock:
         cached = session._allocation
         if cached is not None and cached.job_id != job_id:
             session._allocation = None
-    return session.ensure(out.logger)
+    allocation = session.ensure(out.logger)
+    read = session.io.read()
+    if read.doc is not None and tr.head_state(read.doc) is tr.HeadState.SUBMITTED:
+        decided = tr.record_ready(read.doc, job_id=allocation.job_id, nodes=allocation.nodes,
+                                  ray_address=allocation.ray_address)
+        if isinstance(decided, tr.Change):
+            session.io.apply(decided)  # guarded: a concurrent recorder wins, nothing lost
+    return allocation
 
 
 class _ClaimKeeper(threading.Thread):

@@ -62,6 +62,15 @@ class ReadyPoll:
     status: StatusSnapshot | None
 
 
+@dataclass(frozen=True)
+class FilesPoll:
+    """One look at a few small files of an allocation (path -> text, None when missing)
+    and, when asked for, the scheduler's answer."""
+
+    texts: Mapping[str, str | None]
+    status: StatusSnapshot | None
+
+
 class SessionIO(Protocol):
     """The cluster as a run session sees it (see the module docstring)."""
 
@@ -76,15 +85,22 @@ class SessionIO(Protocol):
     def submit(self, spec: SbatchSpec, *, files: Files, token: str,
                record_value: Mapping[str, Any], create: Mapping[str, Any],
                record: str = "/allocation",
-               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS) -> SubmittedJob:
-        """Write ``files``, record ``token`` at ``record`` (``/allocation``, or
-        ``/successor``) if absent and ``guards`` hold (the head's: the session is open,
-        :data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`), run sbatch. Raises
-        SubmissionInDoubt when another record is there, SubmitGuardFailed when a guard
-        failed."""
+               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS,
+               on_submitted: tuple[str, Mapping[str, Any]] | None = None) -> SubmittedJob:
+        """Write ``files``, record ``token`` at ``record`` (``/allocation``, ``/successor``
+        or ``/worker_submissions/<token>``) if absent and ``guards`` hold (the head's: the
+        session is open, :data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`), run
+        sbatch; with ``on_submitted`` (``("/workers/{job_id}", value)``) the job's own record
+        is written with its id. Raises SubmissionInDoubt when another record is there,
+        SubmitGuardFailed when a guard failed."""
 
     def write_files(self, files: Files) -> None:
         """Write ``files`` in their order (one round trip; parents are created)."""
+
+    def poll_files(self, job_name: str, job_id: str, paths: Sequence[str], *,
+                   with_status: bool) -> FilesPoll:
+        """The small files ``paths`` and, with ``with_status``, squeue for ``job_name``
+        and ``job_id`` (one round trip)."""
 
     def active_steps(self, job_id: str) -> list[str]:
         """The steps of allocation ``job_id`` that have not finished: requested and not yet
@@ -141,11 +157,12 @@ class AgentSessionIO:
     def submit(self, spec: SbatchSpec, *, files: Files, token: str,
                record_value: Mapping[str, Any], create: Mapping[str, Any],
                record: str = "/allocation",
-               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS) -> SubmittedJob:
+               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS,
+               on_submitted: tuple[str, Mapping[str, Any]] | None = None) -> SubmittedJob:
         return self.scheduler.submit(
             spec, state_path=self.paths.document, lock_path=self.paths.lock,
             record=record, record_value=record_value, create=create, files=files,
-            token=token, guards=guards,
+            token=token, guards=guards, on_submitted=on_submitted,
         )
 
     def write_files(self, files: Files) -> None:
@@ -180,6 +197,20 @@ class AgentSessionIO:
             now = batch.response.now if batch.response else None
             snapshot = scheduler.snapshot(status.result(), now)
         return ReadyPoll(text, snapshot)
+
+    def poll_files(self, job_name: str, job_id: str, paths: Sequence[str], *,
+                   with_status: bool) -> FilesPoll:
+        scheduler = self.scheduler
+        with scheduler.agent.batch() as batch:
+            status = batch.add(scheduler.status_op([job_name], [job_id])) if with_status else None
+            read = batch.add(tail_op([TailRequest(path, 0, 65536) for path in paths]))
+        texts = {path: (chunk.data.decode("utf-8", "replace") if chunk.exists else None)
+                 for path, chunk in zip(paths, read.result().files, strict=True)}
+        snapshot = None
+        if status is not None:
+            now = batch.response.now if batch.response else None
+            snapshot = scheduler.snapshot(status.result(), now)
+        return FilesPoll(texts, snapshot)
 
     def beat(self, change: Change, content: str) -> None:
         store = self.store

@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.backoff import sleep_checking
@@ -74,6 +74,10 @@ from dagster_slurm.session.watch import _ENDED, _Heartbeat, _ReadyWatch
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
+
+if TYPE_CHECKING:
+    from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+    from dagster_slurm.session.workers import WorkerAllocation
 
 log = logging.getLogger("dagster_slurm.session")
 
@@ -317,6 +321,26 @@ class RunSession:
 
         self._begin_use()
         return promote_successor(self, launcher, activation_script, logger, wait)
+
+    # -- worker allocations (dagster_slurm.session.workers) ----------------------------------
+    def add_worker_allocation(self, config: SlurmWorkerAllocationConfig,
+                              logger: Any = None) -> WorkerAllocation:
+        """Submit a worker allocation (a ``SlurmWorkerAllocationConfig``) whose nodes join
+        the run's Ray cluster; returns its ``WorkerAllocation`` once sbatch answered."""
+        from dagster_slurm.session.workers import add_worker_allocation
+
+        self._begin_use()
+        return add_worker_allocation(self, config, logger)
+
+    def wait_for_worker_allocation(self, allocation: WorkerAllocation, timeout: float | None = None,
+                                   logger: Any = None) -> list[str]:
+        """Block until every node of ``allocation`` joined the run's Ray head (starting the
+        head first if needed); their Ray node ids. Raises ``SessionError`` when the job
+        ends first, ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
+        from dagster_slurm.session.workers import wait_for_worker_allocation
+
+        self._begin_use()
+        return wait_for_worker_allocation(self, allocation, timeout, logger)
 
     def _begin_use(self) -> None:
         with self._lock:

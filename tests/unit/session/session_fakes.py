@@ -18,12 +18,13 @@ from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.agent.results import TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import StatusSnapshot, SubmittedJob
-from dagster_slurm.session.io import DocumentRead, ReadyPoll
+from dagster_slurm.session.io import DocumentRead, FilesPoll, ReadyPoll
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.parsers import SqueueRecord
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import successor_transitions as st_succ
 from dagster_slurm.state import transitions as tr
+from dagster_slurm.state import worker_transitions as wt
 from dagster_slurm.state.store import MemoryStateStore
 
 WALL_EPOCH = 1_800_000_000.0
@@ -116,23 +117,29 @@ class FakeCluster:
     def submit(self, spec: SbatchSpec, *, files: Mapping[str, tuple[str | bytes, int]],
                token: str, record_value: Mapping[str, Any],
                create: Mapping[str, Any], record: str = "/allocation",
-               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS) -> SubmittedJob:
+               guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS,
+               on_submitted: tuple[str, Mapping[str, Any]] | None = None) -> SubmittedJob:
         self._count("sbatch")
+        worker = record.startswith(wt.SUBMISSIONS + "/")
         self.specs.append(spec)
         for path, (content, _mode) in files.items():
             self.files[path] = content if isinstance(content, str) else content.decode()
         # what the agent's submit op writes: the record if absent ...
+        parents = [{"op": "setdefault", "path": wt.SUBMISSIONS, "value": {}}] if worker else []
         intent = self.store.transact([
             *guards,
+            *parents,
             {"op": "absent", "path": record},
             {"op": "add", "path": record,
              "value": dict(record_value, token=token, status="submitting")},
             {"op": "add", "path": f"{record}/submitted_at", "value_now": 0},
         ])
-        if not intent.ok and (intent.conflict or {}).get("index", 99) < len(guards):
+        if not intent.ok and (intent.conflict or {}).get("index", 99) < len(guards) + len(parents):
             raise SubmitGuardFailed("SubmitGuardFailed", "guard", {}, 0)
         if not intent.ok:
             found = (intent.doc or {}).get(record.strip("/")) or {}
+            if worker:
+                found = ((intent.doc or {}).get("worker_submissions") or {}).get(token) or {}
             if found.get("status") == "submitted" and found.get("job_id"):
                 return SubmittedJob(str(found["job_id"]), token, recovered=True)
             raise SubmissionInDoubt("SubmissionInDoubt", "record exists", {"record": found}, 0)
@@ -140,7 +147,8 @@ class FakeCluster:
         doc = tr.document(self.store.snapshot().doc)
         successor = record == "/successor"
         if self.sbatch_error is not None:
-            failed = (st_succ.successor_submit_failed if successor else tr.head_submit_failed)(
+            failed = (wt.worker_submit_failed if worker else st_succ.successor_submit_failed
+                      if successor else tr.head_submit_failed)(
                 doc, token=token, error=self.sbatch_error, rc=1)
             assert isinstance(failed, tr.Change)
             self.store.transact(failed.patch)
@@ -149,8 +157,12 @@ class FakeCluster:
         self.next_id += 1
         job = FakeJob(job_id, spec.job_name, token)
         self.jobs[job_id] = job
-        done = (st_succ.successor_submitted if successor else tr.head_submitted)(
-            doc, token=token, job_id=job_id)
+        if worker:  # the agent writes on_submitted's record in the same transaction
+            assert on_submitted is not None and on_submitted[0] == wt.WORKERS + "/{job_id}"
+            done = wt.worker_submitted(doc, token=token, job_id=job_id)
+        else:
+            done = (st_succ.successor_submitted if successor else tr.head_submitted)(
+                doc, token=token, job_id=job_id)
         assert isinstance(done, tr.Change)
         assert self.store.transact(done.patch).ok
         if self.on_submit is not None:
@@ -188,6 +200,12 @@ class FakeCluster:
             self._count("squeue")
             status = self._snapshot([job_name])
         return ReadyPoll(job.ready if job is not None else None, status)
+
+    def poll_files(self, job_name: str, job_id: str, paths: Sequence[str], *,
+                   with_status: bool) -> FilesPoll:
+        self._count("poll_files")
+        status = self._snapshot([job_name]) if with_status else None
+        return FilesPoll({path: self.files.get(path) for path in paths}, status)
 
     def beat(self, change: tr.Change, content: str) -> None:
         self._count("beat")

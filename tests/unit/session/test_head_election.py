@@ -15,6 +15,7 @@ import pytest
 from session_fakes import FakeCluster
 from test_session_successor import _running_head, _session, _start_on_promotion
 
+from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.head_election import HeadElectionTimeout, _ClaimKeeper
 from dagster_slurm.session.head_watch import HeadWatch, WatchAction, decide
@@ -200,3 +201,19 @@ def test_the_watch_of_a_step_process_elects_a_new_head_once_the_head_ended() -> 
     new_head = cluster.doc()["allocation"]["job_id"]
     assert new_head != head and cluster.jobs[new_head].state is JobState.RUNNING
     assert watch.check_once().action is WatchAction.KEEP
+
+
+def test_a_running_head_submitted_by_a_dead_elector_is_attached_to_and_recorded_ready() -> None:
+    session, cluster, head = _running_head()
+    cluster.end(head, JobState.CANCELLED)
+    dead, _ = _session(cluster)
+    read = cluster.read()
+    claim = et.claim_election(read.doc, owner="dead", candidate=None, now=read.now, ttl=20)
+    assert isinstance(claim, et.Change) and cluster.apply(claim).ok
+    dead._retire(head, "job_id", "CANCELLED")
+    job_id, mine = dead._submit(ProgressLog())
+    assert mine and cluster.doc()["allocation"]["status"] == "submitted"
+    cluster.start(job_id, nodes=("c2",))  # it runs; its submitter died before recording it
+    assert session.replace_head(timeout=120).job_id == job_id
+    assert cluster.doc()["allocation"].get("ready_at") is not None
+    assert cluster.calls["sbatch"] == 2  # no second new head
