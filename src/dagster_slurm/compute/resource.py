@@ -30,6 +30,7 @@ from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.config import SlurmRunAllocationConfig, check_heartbeat_timeout
+from dagster_slurm.session.run_layout import RunLayout
 from dagster_slurm.session.session import RunSession
 
 
@@ -77,6 +78,18 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             "Shape of the run's allocation with allocation_scope='run' (an error with 'asset'); "
             "fields left None take the Slurm resource's queue values. None: the queue "
             "configuration as it is."
+        ),
+    )
+    ray_head_allocation: SlurmRunAllocationConfig | None = Field(
+        default=None,
+        description=(
+            "With allocation_scope='run' and a RayLauncher: run the Ray head and the payload "
+            "drivers in this small allocation of their own (its Ray node offers no CPUs or "
+            "GPUs) and make run_allocation the run's first worker allocation, submitted "
+            "again whenever the run has no live worker. partition and time_limit are "
+            "required; unset, it asks for 1 node, 2 CPUs, 8 GB and no GPUs, with the queue's "
+            "account, QoS and reservation (no other queue value). None: the run allocation "
+            "hosts the head."
         ),
     )
     allow_short_heartbeat_timeout: bool = Field(
@@ -177,7 +190,22 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 "allocation between the run's steps, or drop run_allocation (with 'asset' each "
                 "step's job takes the Slurm resource's queue and its extra_slurm_opts)",
             )
+        self._run_layout()  # a separate head: checked now, before anything is submitted
         return self
+
+    def _run_layout(self) -> RunLayout | None:
+        """The run's layout with a separate head (None without ``ray_head_allocation``);
+        raises :class:`ConfigurationError` naming the field that does not fit."""
+        if self.ray_head_allocation is None:
+            return None
+        from dagster_slurm.session.run_layout import separate_head_layout
+
+        return separate_head_layout(
+            self.ray_head_allocation, self.run_allocation,
+            run_scope=self.allocation_scope is SlurmAllocationScope.RUN,
+            launcher=self.default_launcher,
+            queue=self.slurm.queue if self.slurm is not None else None,
+        )
 
     # -- the API assets call ---------------------------------------------------------------
     def run(
@@ -280,12 +308,18 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             )
         from dagster_slurm.session.lifecycle import run_session_for
 
+        layout = self._run_layout()
+        # with a separate head the session's allocation is the head; run_allocation is
+        # the first worker allocation (in the layout)
+        config = (self.ray_head_allocation if self.ray_head_allocation is not None
+                  else self.run_allocation or SlurmRunAllocationConfig())
         session = run_session_for(
-            self, context, self.run_allocation or SlurmRunAllocationConfig(), self.default_launcher,
+            self, context, config, self.default_launcher,
             pending=self._pending_policy(),
             poll_interval=self.pipes_poll_interval,
             run_status_interval=self.run_status_interval,
             session_class=self.session_class,
+            layout=layout,
         )
         if start:
             session.ensure(getattr(context, "log", None))

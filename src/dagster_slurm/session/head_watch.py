@@ -12,7 +12,10 @@ squeue, in :func:`decide`), and
   for its head) when the head's job ended, its Ray stopped while the job runs, or it drains;
 * drains the head itself (``request_drain()``) when it gets no pre-walltime signal and no
   more than :data:`~dagster_slurm.state.election.HANDOVER_LEAD` seconds of its walltime are
-  left, so that it hands over before it ends.
+  left, so that it hands over before it ends;
+* otherwise, for a session laid out with worker allocations (a separate head), submits the
+  first worker allocation again when none is left
+  (:func:`~dagster_slurm.session.run_layout.keep_a_worker`).
 
 A process that started before the session's first worker allocation was added reads the
 document every :data:`~dagster_slurm.state.election.WORKER_DISCOVERY_INTERVAL` seconds and
@@ -103,7 +106,9 @@ class HeadWatch(threading.Thread):
         self.session = session
         self.logger = logger
         self._stop_event = threading.Event()
-        self.interval = WORKER_DISCOVERY_INTERVAL
+        # a separate head is watched from the start; otherwise the first worker is awaited
+        self.interval = (HEAD_CHECK_INTERVAL if getattr(session, "separate_head", False)
+                         else WORKER_DISCOVERY_INTERVAL)
 
     def check_once(self) -> WatchDecision:
         """One check, acted upon; returns the decision."""
@@ -130,6 +135,11 @@ class HeadWatch(threading.Thread):
         elif decision.action is WatchAction.ELECT:
             log.warning("the head of %s must be replaced: %s", session.job_name, decision.reason)
             replace_head(session, logger=self.logger)
+        elif separate:
+            # a session laid out with worker allocations gets one again when none is left
+            from dagster_slurm.session.run_layout import keep_a_worker
+
+            keep_a_worker(session, self.logger, observed=(doc, view))
         return decision
 
     def run(self) -> None:

@@ -27,6 +27,7 @@ from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, RunFollower
 from dagster_slurm.jobs.paths import run_id_of
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.session.config import SlurmRunAllocationConfig
+from dagster_slurm.session.run_layout import RunLayout, head_request
 from dagster_slurm.session.session import RunSession, session_digest
 
 log = logging.getLogger("dagster_slurm.session")
@@ -56,6 +57,7 @@ def run_session_for(
     poll_interval: float = 0.25,
     run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
     session_class: type[RunSession] = RunSession,
+    layout: RunLayout | None = None,
 ) -> RunSession:
     """This process's session of the context's run for ``owner``'s settings (a resource with
     ``slurm``, ``pre_deployed_env_path``, ``env_packages`` and ``auto_detect_platform``),
@@ -64,7 +66,9 @@ def run_session_for(
     follow the run (:class:`~dagster_slurm.jobs.follow.RunFollower` of the context's instance,
     every ``run_status_interval`` seconds): they stop once the run is no longer running.
     ``session_class``: the class built (a subclass of :class:`RunSession` with site-specific
-    extension points; it takes :class:`RunSession`'s constructor arguments)."""
+    extension points; it takes :class:`RunSession`'s constructor arguments). ``layout``: a
+    separate head or a first worker allocation (:mod:`dagster_slurm.session.run_layout`);
+    ``config`` is then the head allocation's configuration."""
     from dagster_slurm.jobs.activation import activation_for
     from dagster_slurm.session.successor import publish_run_tag
 
@@ -73,7 +77,10 @@ def run_session_for(
         raise ConfigurationError("context", context, "is not the context of a Dagster run")
     slurm = owner.slurm
     environment = [owner.pre_deployed_env_path, owner.env_packages]
-    digest = session_digest(config.queue_for(slurm.queue), config, launcher, environment)
+    digest = session_digest(head_request(config, slurm.queue, layout), config, launcher,
+                            environment, layout)
+    # a layout is passed only when there is one: session classes of sites may predate it
+    extra: dict[str, Any] = {} if layout is None else {"layout": layout}
 
     def factory() -> RunSession:
         follower = RunFollower(getattr(context, "instance", None), run_id,
@@ -81,7 +88,7 @@ def run_session_for(
         session = session_class(
             slurm, run_id, config, launcher, activation=lambda: activation_for(owner, context),
             pending=pending, poll_interval=poll_interval, environment=environment,
-            follow=follower.check,
+            follow=follower.check, **extra,
         )
         session.publish_allocation = lambda job_id: publish_run_tag(context, job_id)
         return session

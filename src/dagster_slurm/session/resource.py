@@ -6,9 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.launchers.bash import BashLauncher
@@ -16,10 +17,13 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SlurmStepExecutionResult
+from dagster_slurm.session.run_layout import RunLayout, session_resource_layout
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.session.successor import SuccessorAllocation
 from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.workers import WorkerAllocation
 from dagster_slurm.slurm.states import JobState
+from dagster_slurm.slurm.validation import validate_count
 
 
 class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
@@ -38,6 +42,12 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     ``session_class`` (a class attribute, not configuration): the :class:`RunSession`
     subclass a resource subclass builds its sessions with, for site-specific allocations
     (its ``_make_allocation`` and ``_clone_allocation_config`` extension points).
+
+    ``ray_head_only=True``, ``num_nodes=1`` and ``worker_allocation=`` lay the run out as a
+    head allocation that hosts only the Ray head and the payload drivers (its Ray node
+    offers no CPUs or GPUs) plus worker allocations that do the work; the worker
+    allocation is submitted again whenever the run has none left (see
+    :mod:`dagster_slurm.session.run_layout`).
     """
 
     session_class: ClassVar[type[RunSession]] = RunSession
@@ -50,6 +60,30 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     launcher: ComputeLauncher = Field(
         default_factory=BashLauncher,
         description="Launcher of the allocation: a RayLauncher starts Ray once in it.",
+    )
+    num_nodes: int | None = Field(
+        default=None,
+        description=(
+            "Nodes of the session's allocation, as run_allocation.num_nodes (set one of the "
+            "two). None: run_allocation's, else the queue's."
+        ),
+    )
+    ray_head_only: bool = Field(
+        default=False,
+        description=(
+            "The session's allocation hosts only the Ray head and the payload drivers: its "
+            "Ray node offers no CPUs or GPUs, and the work runs in worker_allocation's "
+            "nodes. Needs worker_allocation, num_nodes=1 and a RayLauncher."
+        ),
+    )
+    worker_allocation: SlurmWorkerAllocationConfig | None = Field(
+        default=None,
+        description=(
+            "The run's first worker allocation (its unset fields from the session's "
+            "allocation), whose nodes join the run's Ray cluster; submitted again whenever "
+            "the run has no live worker allocation. Needs a RayLauncher. None: no worker "
+            "allocation unless added with add_worker_allocation."
+        ),
     )
     pre_deployed_env_path: str | None = Field(
         default=None,
@@ -70,14 +104,45 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         ),
     )
 
+    @field_validator("num_nodes")
+    @classmethod
+    def _check_nodes(cls, value: int | None) -> int | None:
+        return None if value is None else validate_count("num_nodes", value, minimum=1)
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> SlurmSessionResource:
+        self._head_config()
+        self._run_layout()  # ray_head_only / worker_allocation: checked before any submission
+        return self
+
+    def _head_config(self) -> SlurmRunAllocationConfig:
+        """``run_allocation`` with ``num_nodes`` applied (the session allocation's config)."""
+        config = self.run_allocation
+        if self.num_nodes is None or config.num_nodes == self.num_nodes:
+            return config
+        if config.num_nodes is not None:
+            raise ConfigurationError(
+                "num_nodes", self.num_nodes,
+                f"differs from run_allocation.num_nodes={config.num_nodes}; set one of the two",
+            )
+        return type(config)(**{**config.model_dump(), "num_nodes": self.num_nodes})
+
+    def _run_layout(self) -> RunLayout | None:
+        return session_resource_layout(
+            self._head_config(), ray_head_only=self.ray_head_only,
+            worker_allocation=self.worker_allocation, launcher=self.launcher,
+            queue=self.slurm.queue,
+        )
+
     def get_session(self, context: Any) -> RunSession:
         """This process's session of the context's run (nothing is submitted yet)."""
         from dagster_slurm.session.lifecycle import run_session_for
 
-        return run_session_for(self, context, self.run_allocation, self.launcher,
+        return run_session_for(self, context, self._head_config(), self.launcher,
                                poll_interval=self.poll_interval,
                                run_status_interval=self.run_status_interval,
-                               session_class=self.session_class)
+                               session_class=self.session_class,
+                               layout=self._run_layout())
 
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
         """The run's session in this process, as ``ComputeResource.get_run_allocation_session``
@@ -112,13 +177,14 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         return self.get_session(context).promote_successor(
             launcher, activation_script, logger=getattr(context, "log", None), wait=wait)
 
-    def add_worker_allocation(self, context: Any, config: SlurmWorkerAllocationConfig) -> Any:
+    def add_worker_allocation(self, context: Any,
+                              config: SlurmWorkerAllocationConfig) -> WorkerAllocation:
         """Submit a worker allocation whose nodes join the run's Ray cluster; returns its
         handle once sbatch answered; see :meth:`RunSession.add_worker_allocation`."""
         return self.get_session(context).add_worker_allocation(
             config, logger=getattr(context, "log", None))
 
-    def wait_for_worker_allocation(self, context: Any, allocation: Any,
+    def wait_for_worker_allocation(self, context: Any, allocation: WorkerAllocation,
                                    timeout: float | None = None) -> list[str]:
         """Wait until every node of ``allocation`` joined the run's Ray cluster (``timeout``
         seconds at most; None: no limit); their Ray node ids; see
@@ -126,7 +192,7 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         return self.get_session(context).wait_for_worker_allocation(
             allocation, timeout, logger=getattr(context, "log", None))
 
-    def remove_worker_allocation(self, context: Any, allocation: Any,
+    def remove_worker_allocation(self, context: Any, allocation: WorkerAllocation | str,
                                  drain_timeout: float = 600.0,
                                  wait: bool = True) -> JobState | None:
         """Drain (or, not started yet, cancel) a worker allocation; its final Slurm state
@@ -134,7 +200,7 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         return self.get_session(context).remove_worker_allocation(
             allocation, drain_timeout, wait, logger=getattr(context, "log", None))
 
-    def worker_allocations(self, context: Any) -> list[Any]:
+    def worker_allocations(self, context: Any) -> list[WorkerAllocation]:
         """The run's live worker allocations; see :attr:`RunSession.worker_allocations`."""
         return self.get_session(context).worker_allocations
 

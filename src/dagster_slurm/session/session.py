@@ -68,6 +68,7 @@ from dagster_slurm.session.errors import (
 )
 from dagster_slurm.session.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.paths import SessionPaths, session_job_name
+from dagster_slurm.session.run_layout import RunLayout, head_request, keep_a_worker
 from dagster_slurm.session.successor import SuccessorAllocation, inherit_config, refuse_new_head
 from dagster_slurm.session.watch import _ENDED, _Heartbeat, _ReadyWatch
 from dagster_slurm.session.worker_removal import release_at_close
@@ -101,14 +102,15 @@ def render_server(paths: SessionPaths, token: str, drain_signal: str, heartbeat_
 
 
 def session_digest(queue: Any, config: SlurmRunAllocationConfig, launcher: ComputeLauncher,
-                   environment: Any = None) -> str:
+                   environment: Any = None, layout: RunLayout | None = None) -> str:
     """8 hex digits identifying an allocation's shape, launcher and environment settings
+    and, with a ``layout`` (a separate head, a first worker allocation), that layout
     (resources that differ in any of them get separate sessions)."""
-    text = json.dumps(
-        [queue.model_dump(mode="json"), config.snapshot(), type(launcher).__name__,
-         launcher.model_dump(mode="json"), environment],
-        sort_keys=True, default=str,
-    )
+    parts = [queue.model_dump(mode="json"), config.snapshot(), type(launcher).__name__,
+             launcher.model_dump(mode="json"), environment]
+    if layout is not None:
+        parts.append(layout.snapshot())
+    text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
@@ -146,6 +148,7 @@ class RunSession:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         follow: Callable[[str], None] | None = None,
+        layout: RunLayout | None = None,
     ) -> None:
         self.slurm = slurm
         self.run_id = run_id
@@ -154,8 +157,15 @@ class RunSession:
         self.activation = activation
         self.pending = pending or PendingPolicy(DEFAULT_FATAL_REASONS)
         self.poll_interval = poll_interval
-        self.queue = config.queue_for(slurm.queue)  # checks the combination
-        self.digest = session_digest(self.queue, config, launcher, environment)
+        #: How the run's Ray cluster spreads over allocations from the start (a separate
+        #: head, a first worker allocation; see :mod:`dagster_slurm.session.run_layout`);
+        #: None: one allocation hosts the head and the work.
+        self.layout = layout
+        #: The launcher that renders the head allocation's script (``launcher``, or a
+        #: copy whose Ray node offers no CPUs or GPUs for a separate head).
+        self.head_launcher = launcher if layout is None else layout.head_launcher(launcher)
+        self.queue = head_request(config, slurm.queue, layout)  # checks the combination
+        self.digest = session_digest(self.queue, config, launcher, environment, layout)
         self.paths = SessionPaths.create(slurm.base_path(), run_id, self.digest)
         self.job_name = session_job_name(run_id, self.digest)
         self.spec = self.queue.to_sbatch_spec(
@@ -197,6 +207,12 @@ class RunSession:
         return isinstance(self.launcher, RayLauncher)
 
     @property
+    def separate_head(self) -> bool:
+        """True when the run's Ray cluster spans the head allocation and worker allocations
+        from the start (a :attr:`layout`): every step process then watches the head."""
+        return self.layout is not None
+
+    @property
     def store(self) -> StateStore:
         """The session document's store (through ``io``)."""
         return self.io.store
@@ -209,14 +225,21 @@ class RunSession:
     def ensure(self, logger: Any = None) -> SlurmAllocation:
         """The allocation the run's steps use now: this process's cached one, else the one
         the session document names (attached to), else a new submission. Waits until it
-        accepts steps, logging the scheduler's pending reason and start estimate."""
+        accepts steps, logging the scheduler's pending reason and start estimate. With a
+        :attr:`layout`, a process that gets the head ready this way then submits the first
+        worker allocation again when the session has no live one
+        (:func:`~dagster_slurm.session.run_layout.keep_a_worker`)."""
         with self._lock:
             if self._closed:
                 raise SessionError(f"the run session {self.job_name} was closed in this process")
             if self._allocation is None:
                 self._used = True
                 self._start_heartbeat()
-                self._allocation = self._acquire(_Log(logger))
+                allocation = self._acquire(_Log(logger))
+                # once per process and head allocation: a session laid out with worker
+                # allocations submits one when it has none left (see run_layout)
+                keep_a_worker(self, logger)
+                self._allocation = allocation
             return self._allocation
 
     def execute_in_session(
@@ -424,7 +447,7 @@ class RunSession:
             num_nodes=self.spec.num_nodes or 1, drain_signal=self.drain_signal,
         )
         files: dict[str, tuple[str | bytes, int]] = {
-            script: (self.launcher.render(plan), 0o600),
+            script: (self.head_launcher.render(plan), 0o600),
             server: (render_server(self.paths, token, self.drain_signal,
                                    self.config.heartbeat_timeout), 0o600),
             self.paths.heartbeat: (f"{socket.gethostname()} {os.getpid()} {time.time_ns()}\n", 0o600),

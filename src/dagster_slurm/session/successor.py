@@ -61,6 +61,7 @@ from dagster_slurm.scheduler.client import StatusSnapshot, new_token
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import PromotionDeferred, SessionError
 from dagster_slurm.session.handover import await_running
+from dagster_slurm.session.run_layout import head_request
 from dagster_slurm.session.run_tags import publish_promoted
 from dagster_slurm.session.standby import render_standby
 from dagster_slurm.slurm.states import JobState
@@ -193,7 +194,7 @@ def _submission(session: RunSession, config: SlurmRunAllocationConfig,
     paths = session.paths
     submit_dir = paths.submit_dir(token)
     script = f"{submit_dir}/allocation.sh"
-    queue = config.queue_for(session.slurm.queue)
+    queue = head_request(config, session.slurm.queue, session.layout)  # a separate head's own
     spec = queue.to_sbatch_spec(session.job_name, script, output=paths.output,
                                 error=paths.output, chdir=paths.session_dir)
     drain = drain_signal_of(queue.signal_before_timeout) or "TERM"
@@ -398,10 +399,10 @@ def _start(session: RunSession, record: Allocation, launcher: ComputeLauncher | 
     if polled.ready is None:
         submit_dir = session.paths.submit_dir(token)
         config = record.config or session.config.snapshot()
-        queue = SlurmRunAllocationConfig(**{k: v for k, v in config.items()
-                                            if k in SlurmRunAllocationConfig.model_fields}
-                                         ).queue_for(session.slurm.queue)
-        chosen = launcher or session.launcher
+        queue = head_request(SlurmRunAllocationConfig(**{
+            k: v for k, v in config.items() if k in SlurmRunAllocationConfig.model_fields}),
+            session.slurm.queue, session.layout)
+        chosen = launcher or session.head_launcher
         activation = activation_script if activation_script is not None else session.activation()
         plan = ExecutionPlan(
             payload=("bash", f"{submit_dir}/step_server.sh"), job_dir=submit_dir,
