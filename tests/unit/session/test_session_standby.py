@@ -207,6 +207,9 @@ def test_a_promoted_successor_without_a_drain_starts_its_steps(tmp_path: Path) -
         assert server.status(inv) == "5"
         assert read(inv.stdout) == "ran\n"
         assert not box.drained.exists()
+        # the server runs in a process group of its own: stop it through the batch shell
+        box.signal(signal.SIGINT)
+        assert box.proc.wait(timeout=15) == 0, box.log()
 
 
 # -- the dead-man's switch ---------------------------------------------------------------------
