@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -111,4 +112,46 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
     finally:
         if filler:
             subprocess.run(["scancel", filler], env={**os.environ, **env}, check=False)
+        session.close(cancel=True)
+
+
+def test_a_failed_step_of_a_replaced_head_that_still_runs_raises_allocation_ended(env):
+    """The driver lost its head: the session names another head while the old job runs."""
+    from compute_support import slurm_resource
+
+    from dagster_slurm import SlurmAllocationEnded
+    from dagster_slurm.agent import write_file_op
+
+    run_id = str(uuid.uuid4())
+    session = election_session(env, run_id)
+    slurm = slurm_resource(env)
+    marks = f"{slurm.base_path()}/test-marks/replaced-{uuid.uuid4().hex[:8]}"
+    slurm.agent().run(write_file_op(f"{marks}/.keep", "", makedirs=True))
+    outcome: dict = {}
+    try:
+        old = session.allocation
+        script = (f"touch {marks}/started; while [ ! -e {marks}/go ]; do sleep 0.2; done; "
+                  "exit 1")
+
+        def driver() -> None:
+            try:
+                outcome["result"] = session.execute_in_session(["bash", "-c", script],
+                                                               name="driver")
+            except Exception as exc:  # noqa: BLE001 - asserted below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=driver)
+        thread.start()
+        wait_until(lambda: os.path.exists(f"{marks}/started"), 60, "the driver to start")
+        session.forget(old, "REPLACED")  # another head takes over while the old job runs
+        new = session.allocation
+        assert new.job_id != old.job_id and squeue_state(env, old.job_id) == "RUNNING"
+        Path(f"{marks}/go").touch()
+        thread.join(60)
+        assert not thread.is_alive()
+        error = outcome.get("error")
+        assert isinstance(error, SlurmAllocationEnded), outcome
+        assert error.result.allocation_state == "REPLACED"
+        assert error.result.exit_code == 1
+    finally:
         session.close(cancel=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dagster_slurm.agent import exec_op, tail_op, txn_op, write_file_op
+from dagster_slurm.agent import exec_op, read_op, tail_op, txn_op, write_file_op
 from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.paths import InvocationPaths, safe_name
@@ -280,10 +280,18 @@ class SlurmAllocation:
         allocation (``scancel`` of the allocation, its walltime): Slurm signals every step
         then, and with TERM as drain signal a cancel looks like a drain. One squeue decides:
         an allocation that is no longer RUNNING raises :class:`SlurmAllocationEnded` with
-        its state and the step's result. When squeue does not answer, the step's own report
-        stands (logged): a drain is never turned into an error on an unknown."""
+        its state and the step's result. A failed step of an allocation that still runs but
+        is no longer the session's head (another head was elected or promoted: its driver
+        lost its Ray head) raises it too, with ``allocation_state`` ``REPLACED``; the session
+        document is read in the same round trip. When squeue does not answer, the step's
+        own report stands (logged): a drain is never turned into an error on an unknown."""
         try:
-            snapshot = self.scheduler.status([self.job_name], [self.job_id], accounting=False)
+            with self.scheduler.agent.batch() as batch:
+                status = batch.add(self.scheduler.status_op(
+                    [self.job_name], [self.job_id], accounting=False))
+                document = batch.add(read_op(self.paths.document))
+            now = batch.response.now if batch.response else None
+            snapshot = self.scheduler.snapshot(status.result(), now)
         except DagsterSlurmError as exc:
             log.warning("allocation %s not checked after step %s reported %s (%s); the step's "
                         "own report stands", self.job_id, result.step_name,
@@ -291,13 +299,26 @@ class SlurmAllocation:
             return
         observed = snapshot.job(self.job_id)
         state = observed.state.value if observed.state is not None else snapshot.ended_state(self.job_id)
-        if state is None or state == JobState.RUNNING.value:
+        if state == JobState.RUNNING.value and not result.drained and self._replaced(document):
+            state = "REPLACED"
+        elif state is None or state == JobState.RUNNING.value:
             return
         raise SlurmAllocationEnded(
             dataclasses.replace(result, allocation_state=state),
             f"allocation {self.job_id} is {state}: it ended under step {result.step_name} "
             f"(which reported {'a drain' if result.drained else f'exit code {result.exit_code}'})",
         )
+
+    def _replaced(self, document: Any) -> bool:
+        """True when the session document (a read op's result) names another head: this
+        allocation was replaced (a new head was elected or promoted) while its job runs, so
+        a failed driver here lost its Ray head. False when the document is unreadable."""
+        try:
+            head = (document.result().doc or {}).get("allocation") or {}
+        except DagsterSlurmError:
+            return False
+        other = head.get("job_id")
+        return other is not None and str(other) != self.job_id
 
     def cancel_step_quietly(self, handle: StepHandle) -> None:
         """:meth:`cancel_step`, logging (not raising) when the request cannot be written:
