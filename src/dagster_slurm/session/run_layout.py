@@ -245,9 +245,16 @@ def submit_worker_allocation(session: RunSession, config: SlurmWorkerAllocationC
 
 
 def _scheduler_view(session: RunSession) -> tuple[SessionDocument | None, SchedulerView]:
-    """The session document and one squeue of the session's job name, as a view."""
+    """The session document and one squeue of the session's job name, as a view; stale
+    open worker submissions (a submitter that vanished) are settled first, so that they
+    do not count as workers on their way forever
+    (:mod:`dagster_slurm.session.worker_settle`)."""
+    from dagster_slurm.session.worker_settle import settle_stale_submissions
+
     read = session.io.read()
     snapshot = session.io.queue([session.job_name])
+    if settle_stale_submissions(session, read.doc, read.now, snapshot):
+        read = session.io.read()
     observed = snapshot.observed_at if snapshot.observed_at is not None else read.now
     return read.doc, SchedulerView.from_squeue(snapshot.queue, observed_at=observed,
                                                certain=snapshot.certain)
@@ -271,6 +278,10 @@ def keep_a_worker(session: RunSession, logger: Any = None, *,
         return False
     out = ProgressLog(logger)
     try:
+        if observed is not None and observed[0] is not None and any(
+                record.status in ("submitting", "unknown")
+                for record in observed[0].worker_submissions.values()):
+            observed = None  # an open submission may be stale: look (and settle) afresh
         doc, view = observed if observed is not None else _scheduler_view(session)
         if not needs_worker(doc, view):
             return False
