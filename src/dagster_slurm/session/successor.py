@@ -60,6 +60,7 @@ from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.scheduler.client import StatusSnapshot, new_token
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import PromotionDeferred, SessionError
+from dagster_slurm.session.handles import SessionJob
 from dagster_slurm.session.handover import await_running
 from dagster_slurm.session.run_layout import head_request
 from dagster_slurm.session.run_tags import publish_promoted
@@ -79,27 +80,16 @@ log = logging.getLogger("dagster_slurm.session")
 ALLOCATION_TAG = "dagster-slurm/allocation"
 
 
-class SuccessorAllocation:
+class SuccessorAllocation(SessionJob):
     """A queued successor: ``job_id`` (also ``slurm_job_id``), its submission ``token``,
     the full ``config`` it was submitted with (inherited fields filled in) and the head it
     was queued behind (``predecessor``, a job id)."""
 
     def __init__(self, session: RunSession, job_id: str, token: str,
                  config: SlurmRunAllocationConfig, predecessor: str) -> None:
-        self._session = session
-        self.job_id = job_id
-        self.token = token
+        super().__init__(session, job_id, token)
         self.config = config
         self.predecessor = predecessor
-
-    @property
-    def slurm_job_id(self) -> str:
-        """The Slurm job id (the same value as :attr:`job_id`)."""
-        return self.job_id
-
-    def state(self) -> JobState | None:
-        """The successor's scheduler state now (None when the scheduler does not say)."""
-        return self._session.io.queue([self._session.job_name]).job(self.job_id).state
 
     def __repr__(self) -> str:
         return f"SuccessorAllocation(job_id={self.job_id!r}, predecessor={self.predecessor!r})"

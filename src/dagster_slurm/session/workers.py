@@ -34,6 +34,7 @@ from dagster_slurm.jobs.pending import PendingTracker
 from dagster_slurm.scheduler.client import new_token
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.handles import SessionJob
 from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig, resolve_worker_config
 from dagster_slurm.session.worker_job import RELEASED_PREFIX, worker_submission
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -46,25 +47,14 @@ if TYPE_CHECKING:
     from dagster_slurm.session.session import RunSession
 
 
-class WorkerAllocation:
+class WorkerAllocation(SessionJob):
     """A worker allocation of the session: ``job_id`` (also ``slurm_job_id``), its
     submission ``token`` and the resolved ``config`` it was submitted with."""
 
     def __init__(self, session: RunSession, job_id: str, token: str,
                  config: SlurmWorkerAllocationConfig) -> None:
-        self._session = session
-        self.job_id = job_id
-        self.token = token
+        super().__init__(session, job_id, token)
         self.config = config
-
-    @property
-    def slurm_job_id(self) -> str:
-        """The Slurm job id (the same value as :attr:`job_id`)."""
-        return self.job_id
-
-    def state(self) -> JobState | None:
-        """The job's scheduler state now (None when the scheduler does not say)."""
-        return self._session.io.queue([self._session.job_name]).job(self.job_id).state
 
     def __repr__(self) -> str:
         return (f"WorkerAllocation(job_id={self.job_id!r}, "

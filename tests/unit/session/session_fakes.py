@@ -299,3 +299,23 @@ def _sacct(job: FakeJob) -> SacctRecord:
         num_nodes=max(1, len(job.nodes)), node_list=",".join(job.nodes) or None,
         nodes=job.nodes, alloc_cpus=2, start_time=None, end_time=None,
     )
+
+
+class Lines:
+    """A logger (``info`` / ``warning`` / ``error``) keeping ``(level, message)`` pairs."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def info(self, message: str) -> None:
+        self.lines.append(("info", message))
+
+    def warning(self, message: str) -> None:
+        self.lines.append(("warning", message))
+
+    def error(self, message: str) -> None:
+        self.lines.append(("error", message))
+
+    def text(self, level: str | None = None) -> str:
+        """The messages (of ``level`` only, when given), one per line."""
+        return "\n".join(message for lvl, message in self.lines if level in (None, lvl))

@@ -9,6 +9,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from session_fakes import Lines
 
 from dagster_slurm.session import lifecycle
 from dagster_slurm.session.lifecycle import (
@@ -223,20 +224,6 @@ class FakeSession:
         self.closed.append({"cancel": cancel, "reason": reason, "logger": logger})
 
 
-class FakeLog:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(("info", message))
-
-    def warning(self, message: str) -> None:
-        self.lines.append(("warning", message))
-
-    def error(self, message: str) -> None:
-        self.lines.append(("error", message))
-
-
 @pytest.fixture
 def run_id() -> Iterator[str]:
     run = f"run-{uuid.uuid4()}"
@@ -274,7 +261,7 @@ def test_session_for_creates_once_per_key(run_id: str) -> None:
 def test_interrupted_session_is_cancelled_even_when_the_run_goes_on(run_id: str) -> None:
     session = _register(run_id, f"{run_id}|k", interrupted=True)
     still_running = FakeInstance("STARTED", ["a", "b"], {"a": "SUCCESS"})
-    log = FakeLog()
+    log = Lines()
     close_run_sessions(_context(run_id, still_running, log))
     assert session.closed == [{"cancel": True, "reason": "the step was interrupted", "logger": log}]
 
@@ -282,7 +269,7 @@ def test_interrupted_session_is_cancelled_even_when_the_run_goes_on(run_id: str)
 def test_session_is_cancelled_when_the_run_is_over(run_id: str) -> None:
     session = _register(run_id, f"{run_id}|k")
     done = FakeInstance("STARTED", ["a"], {"a": "SUCCESS"})
-    log = FakeLog()
+    log = Lines()
     close_run_sessions(_context(run_id, done, log))
     assert len(session.closed) == 1
     assert session.closed[0]["cancel"] is True
@@ -299,7 +286,7 @@ def test_without_instance_the_session_is_cancelled(run_id: str) -> None:
 def test_session_is_kept_while_the_run_goes_on(run_id: str) -> None:
     session = _register(run_id, f"{run_id}|k")
     running = FakeInstance("STARTED", ["a", "b"], {"a": "SUCCESS"})
-    log = FakeLog()
+    log = Lines()
     close_run_sessions(_context(run_id, running, log))
     assert [c["cancel"] for c in session.closed] == [False]
     (level, message), = log.lines
@@ -310,7 +297,7 @@ def test_session_is_kept_while_the_run_goes_on(run_id: str) -> None:
 
 def test_unknown_run_state_keeps_the_allocation_and_says_why(run_id: str) -> None:
     session = _register(run_id, f"{run_id}|k")
-    log = FakeLog()
+    log = Lines()
     close_run_sessions(_context(run_id, FakeInstance("STARTED", ["a"], {}, fail=True), log))
     assert [c["cancel"] for c in session.closed] == [False]  # heartbeat stopped, job kept
     (level, message), = log.lines
@@ -322,7 +309,7 @@ def test_unknown_run_state_keeps_the_allocation_and_says_why(run_id: str) -> Non
 def test_unknown_run_state_without_dead_mans_switch_says_it_needs_scancel(run_id: str) -> None:
     session = _register(run_id, f"{run_id}|k")
     session.config = SimpleNamespace(heartbeat_timeout=None)
-    log = FakeLog()
+    log = Lines()
     close_run_sessions(_context(run_id, FakeInstance("STARTED", ["a"], {}, fail=True), log))
     assert [c["cancel"] for c in session.closed] == [False]
     assert "scancel" in log.lines[0][1] and "heartbeat_timeout=None" in log.lines[0][1]

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 import pytest
-from session_fakes import WALL_EPOCH, FakeCluster, FakeJob
+from session_fakes import WALL_EPOCH, FakeCluster, FakeJob, Lines
 
 from dagster_slurm.errors import ConfigurationError, SchedulerError
 from dagster_slurm.launchers.bash import BashLauncher
@@ -31,25 +31,6 @@ from dagster_slurm.state import worker_transitions as wt
 RUN_ID = "5e0c11aa-2222-4b6e-9f0e-1b2c3d4e5f62"
 WORKER_CONFIG = {"partition": "gpu", "num_nodes": 1, "cpus_per_task": 2, "gpus_per_node": 1,
                  "time_limit": "01:00:00", "mem": "1500M"}
-
-
-class Lines:
-    """A logger collecting its lines (``info`` / ``warning`` / ``error``)."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str]] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(("info", message))
-
-    def warning(self, message: str) -> None:
-        self.lines.append(("warning", message))
-
-    def error(self, message: str) -> None:
-        self.lines.append(("error", message))
-
-    def text(self, level: str | None = None) -> str:
-        return "\n".join(m for lvl, m in self.lines if level in (None, lvl))
 
 
 def _session() -> tuple[RunSession, FakeCluster]:
