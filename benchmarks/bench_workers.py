@@ -11,7 +11,11 @@ One run session per repetition (a RayLauncher head on ``cpu``, one node) on the 
   ``replace_head()`` returned (``head``) and until the worker allocation's ``ray_nodes``
   names the new head's job id (``rejoined``: every worker node is in the new head's Ray
   cluster). The path taken is printed: ``worker-hosted`` when the new head's job id is the
-  worker allocation's, else ``new allocation``.
+  worker allocation's (its one node then is the head: ``rejoined`` equals ``head``), else
+  ``new allocation`` (a new allocation shaped like the first head).
+
+``joined`` includes the poll interval of ``wait_for_worker_allocation`` (it backs off from
+1 s to 10 s), so it may exceed ``usable``, which the waiting task sees at once.
 
 Floor, measured in the same run: plain sbatch jobs with the same Ray of the deployed
 environment: a bare ``ray start --head`` on ``cpu`` whose driver waits for tasks that need a
@@ -53,6 +57,7 @@ from dagster_slurm import (
 )
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.workers import WorkerAllocation
 
 RAY_PACKAGES = ["dagster-pipes", "ray[default]==2.60.0"]
 LOG = logging.getLogger("bench_workers")
@@ -191,55 +196,69 @@ def _head_of(session: RunSession, job_id: str) -> set[str]:
     return {row[2] for row in rows if len(row) == 3}
 
 
+def _scale_out(session: RunSession, remote: _Remote, figures: dict[str, Any]) -> WorkerAllocation:
+    """Add a worker allocation while a driver step waits for a task there; sets ``joined``
+    and ``usable``; the allocation's handle."""
+    mark = f"{session.paths.session_dir}/bench-ready"
+    outcome: dict[str, Any] = {}
+
+    def drive() -> None:
+        try:
+            outcome["result"] = session.execute_in_session(
+                ["python", "-c", WAITING_DRIVER, mark], name="bench-driver")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcome["error"] = exc
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    _wait_for(lambda: remote.read(mark).strip() == "ready", "the driver step on the head",
+              every=0.5)
+    start = time.time()
+    worker = session.add_worker_allocation(_worker_config())
+    ids = session.wait_for_worker_allocation(worker, timeout=TIMEOUT)
+    figures["joined"] = time.time() - start
+    driver.join(TIMEOUT)
+    if driver.is_alive() or "error" in outcome:
+        raise RuntimeError(f"the driver step did not finish: {outcome}")
+    result = outcome["result"]
+    lines = [line for line in result.stdout_tail.splitlines() if line.startswith("{")]
+    if result.exit_code != 0 or not lines:
+        raise RuntimeError(f"the driver step failed: {result}")
+    data = json.loads(lines[-1])
+    if data["node"] not in ids:
+        raise RuntimeError(f"the task ran on {data['node']}, not on the worker {ids}")
+    figures["usable"] = data["returned"] - start
+    return worker
+
+
+def _failover(session: RunSession, remote: _Remote, worker: WorkerAllocation,
+              figures: dict[str, Any]) -> None:
+    """Cancel the head, elect a new one, wait for the worker to follow it; sets ``head``,
+    ``rejoined``, ``path``, ``jobs``."""
+    old = session._allocation
+    assert old is not None
+    start = time.time()
+    remote.run(f"scancel {old.job_id}")
+    head = session.replace_head(timeout=TIMEOUT)
+    figures["head"] = time.time() - start
+    hosted = head.job_id == worker.job_id
+    if not (hosted and worker.config.num_nodes == 1):  # else its one node is the head
+        _wait_for(lambda: _head_of(session, worker.job_id) == {head.job_id},
+                  "the worker node to rejoin the new head", every=0.5)
+    figures["rejoined"] = time.time() - start
+    session.wait_for_worker_allocation(worker, timeout=60)
+    figures["path"] = "worker-hosted" if hosted else "new allocation"
+    figures["jobs"] = f"head {old.job_id} -> {head.job_id}, worker {worker.job_id}"
+
+
 def measure_session(slurm: SlurmResource, remote: _Remote, activation: str) -> dict[str, Any]:
     """One run session: scale-out (joined, usable) and failover (head, rejoined, path)."""
     session = _session(slurm, activation)
     figures: dict[str, Any] = {}
     try:
         session.ensure()
-        mark = f"{session.paths.session_dir}/bench-ready"
-        outcome: dict[str, Any] = {}
-
-        def drive() -> None:
-            try:
-                outcome["result"] = session.execute_in_session(
-                    ["python", "-c", WAITING_DRIVER, mark], name="bench-driver")
-            except Exception as exc:  # noqa: BLE001 - reported below
-                outcome["error"] = exc
-
-        driver = threading.Thread(target=drive, daemon=True)
-        driver.start()
-        _wait_for(lambda: remote.read(mark).strip() == "ready", "the driver step on the head",
-                  every=0.5)
-        start = time.time()
-        worker = session.add_worker_allocation(_worker_config())
-        ids = session.wait_for_worker_allocation(worker, timeout=TIMEOUT)
-        figures["joined"] = time.time() - start
-        driver.join(TIMEOUT)
-        if driver.is_alive() or "error" in outcome:
-            raise RuntimeError(f"the driver step did not finish: {outcome}")
-        result = outcome["result"]
-        lines = [line for line in result.stdout_tail.splitlines() if line.startswith("{")]
-        if result.exit_code != 0 or not lines:
-            raise RuntimeError(f"the driver step failed: {result}")
-        data = json.loads(lines[-1])
-        if data["node"] not in ids:
-            raise RuntimeError(f"the task ran on {data['node']}, not on the worker {ids}")
-        figures["usable"] = data["returned"] - start
-
-        old = session._allocation
-        assert old is not None
-        start = time.time()
-        remote.run(f"scancel {old.job_id}")
-        head = session.replace_head(timeout=TIMEOUT)
-        figures["head"] = time.time() - start
-        _wait_for(lambda: _head_of(session, worker.job_id) == {head.job_id},
-                  "the worker node to rejoin the new head", every=0.5)
-        figures["rejoined"] = time.time() - start
-        new_ids = session.wait_for_worker_allocation(worker, timeout=60)
-        figures["path"] = "worker-hosted" if head.job_id == worker.job_id else "new allocation"
-        figures["jobs"] = f"head {old.job_id} -> {head.job_id}, worker {worker.job_id}"
-        figures["nodes"] = len(new_ids)
+        worker = _scale_out(session, remote, figures)
+        _failover(session, remote, worker, figures)
         return figures
     finally:
         name = session.job_name
@@ -302,7 +321,9 @@ def main() -> None:
         for run in range(args.repeat):
             floors.append(measure_floor(remote, activation, run))
             ours.append(measure_session(slurm, remote, activation))
-            print(f"run {run + 1}: {ours[-1]} floor {floors[-1]}", flush=True)
+            shown = {k: round(v, 1) if isinstance(v, float) else v for k, v in ours[-1].items()}
+            print(f"run {run + 1}: {shown}; floor "
+                  f"{ {k: round(v, 1) for k, v in floors[-1].items()} }", flush=True)
     finally:
         slurm.close()
 
