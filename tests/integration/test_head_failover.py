@@ -94,6 +94,14 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
                 break
             except SlurmAllocationEnded:
                 seen["heads"].append(session.replace_head(timeout=300).job_id)
+        # before the run's teardown ends every allocation: the worker kept its job and its
+        # node follows the elected head
+        seen["worker_state"] = squeue_state(env, worker.job_id)
+        seen["ray_head"] = _ray_head_job(session)
+        seen["joined"] = wait_until(
+            lambda: _joined_head(session, worker.job_id) == {session.allocation.job_id}
+            and _joined_head(session, worker.job_id), 120,
+            "the worker's node to join the elected head")
         yield from results
 
     def cancel_the_head() -> None:
@@ -120,10 +128,8 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
             assert seen["first"] in by_job and len(by_job) == 2, by_job  # before and after
             assert seen["heads"] and seen["heads"][-1] != seen["first"]
             new_head = seen["heads"][-1]
-            # the worker allocation kept its Slurm job and follows the elected head
-            assert squeue_state(env, seen["worker"]) == "RUNNING"
-            assert _ray_head_job(session) == new_head
-            wait_until(lambda: _joined_head(session, seen["worker"]) == {new_head}, 120,
-                       "the worker's node to join the elected head")
+            assert seen["worker_state"] == "RUNNING"  # same Slurm job throughout
+            assert seen["ray_head"] == new_head and seen["joined"] == {new_head}
+            del session
     finally:
         shutil.rmtree(marks, ignore_errors=True)
