@@ -85,7 +85,7 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
             partition="gpu", num_nodes=1, cpus_per_task=2, gpus_per_node=1, mem="1500M",
             time_limit="00:10:00"))
         session.wait_for_worker_allocation(worker, timeout=240)
-        seen.update(session=session, worker=worker.job_id, first=session.allocation.job_id)
+        seen.update(worker=worker.job_id, first=session.allocation.job_id)
         while True:
             try:
                 results = compute.run(context=context, payload_path=str(payload),
@@ -121,7 +121,6 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
                                     instance=instance)
             assert result.success
             canceller.join(5)
-            session = seen["session"]
             committed = sorted(n for n in os.listdir(marks) if n.startswith("unit-"))
             assert committed == sorted(f"unit-{u}" for u in range(UNITS))  # each exactly once
             by_job = {Path(marks, n).read_text() for n in committed}
@@ -130,6 +129,5 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
             new_head = seen["heads"][-1]
             assert seen["worker_state"] == "RUNNING"  # same Slurm job throughout
             assert seen["ray_head"] == new_head and seen["joined"] == {new_head}
-            del session
     finally:
         shutil.rmtree(marks, ignore_errors=True)
