@@ -71,11 +71,18 @@ def elector_id() -> str:
 
 
 def scheduler_view(session: RunSession) -> tuple[SessionDocument | None, SchedulerView, float]:
-    """The session document, one squeue of the session's jobs, and the store's clock."""
+    """The session document, one squeue of the session's jobs, and the store's clock. With
+    Ray, the head's step server's ``ray_stopped`` marker says whether its Ray answers (the
+    head's ``ray_alive`` is False once it is there, else not known)."""
     read = session.io.read()
     snapshot = session.io.queue([session.job_name])
+    alive: dict[str, bool] = {}
+    head = read.doc.allocation if read.doc is not None else None
+    if session.has_ray and head is not None and head.job_id and head.status == "submitted":
+        if session.io.read_lines(session.paths.ray_stopped(str(head.job_id))):
+            alive[str(head.job_id)] = False
     view = SchedulerView.from_squeue(snapshot.queue, observed_at=snapshot.observed_at or read.now,
-                                     certain=snapshot.certain)
+                                     certain=snapshot.certain, ray_alive=alive)
     return read.doc, view, read.now
 
 

@@ -127,3 +127,8 @@ class SessionPaths:
     def worker_drain(self, job_id: str) -> str:
         """The drain request of worker allocation ``job_id`` (``deadline=<epoch seconds>``)."""
         return f"{self.job_dir(job_id)}/drain"
+
+    def ray_stopped(self, job_id: str) -> str:
+        """Written by head allocation ``job_id``'s step server once its Ray head stopped
+        answering while the job runs (epoch seconds)."""
+        return f"{self.job_dir(job_id)}/ray_stopped"

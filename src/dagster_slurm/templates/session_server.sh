@@ -9,7 +9,8 @@
 #     the drain signal when the allocation was drained before the server started); with
 #     Ray, <session dir>/ray_head (job_id, ray_address, host, written_at lines, written
 #     atomically just before) names this allocation as the run's Ray head, which the
-#     session's worker allocations join;
+#     session's worker allocations join; a watcher in the background writes
+#     <job dir>/ray_stopped once that Ray head stops answering (see __ss_ray_watch);
 #   * a step is requested by a file requests/<id>.request (seven lines: script, stdout
 #     file, stderr file, status file, drain file, step name, step id file); the server
 #     claims it by renaming it to <id>.taken and starts 'srun --overlap' on the head node in
@@ -165,6 +166,38 @@ if [ -n "${RAY_ADDRESS:-}" ]; then
 fi
 __ss_log "accepting steps on $__ss_head (allocation $__ss_job${RAY_ADDRESS:+, Ray at $RAY_ADDRESS})"
 
+# With Ray, a watcher in the background probes the head's GCS port every 5 s; after three
+# failed probes in a row it writes <job dir>/ray_stopped (epoch seconds) once and ends: the
+# head's Ray stopped while the job runs, which the session's head check reads to elect a new
+# head. It ends by itself once this server is gone.
+__ss_ray_watch() {
+    local host=${RAY_ADDRESS%:*} port=${RAY_ADDRESS##*:} failed=0 nap
+    local -a probe=(bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port")
+    ! command -v timeout > /dev/null 2>&1 || probe=(timeout 2 "${probe[@]}")
+    trap 'exit 0' TERM
+    while kill -0 "$__ss_server_pid" 2>/dev/null; do
+        if "${probe[@]}" 2>/dev/null; then
+            failed=0
+        else
+            failed=$((failed + 1))
+        fi
+        if [ "$failed" -ge 3 ]; then
+            __ss_write_atomic "$__ss_job_dir/ray_stopped" "$(date +%s)"
+            __ss_log "the Ray head at $RAY_ADDRESS does not answer (3 probes, 5 s apart);" \
+                "recorded in $__ss_job_dir/ray_stopped for the session's head check"
+            return 0
+        fi
+        sleep 5 & nap=$!
+        wait "$nap"
+    done
+}
+__ss_server_pid=$$
+__ss_ray_watch_pid=""
+if [ -n "${RAY_ADDRESS:-}" ]; then
+    __ss_ray_watch < /dev/null &
+    __ss_ray_watch_pid=$!
+fi
+
 # Start the step requested by file $1 (already claimed).
 __ss_start() {
     local id=$1 script out err status drain name stepfile=""
@@ -266,6 +299,7 @@ while [ -z "$__ss_leaving" ]; do
     sleep 0.1 2>/dev/null || sleep 1
 done
 # Leaving: give the steps a moment to write their status, then go.
+[ -z "$__ss_ray_watch_pid" ] || kill -TERM "$__ss_ray_watch_pid" 2>/dev/null || :
 for __ss_i in 1 2 3 4 5 6 7 8 9 10; do
     __ss_reap
     [ "${#__ss_pids[@]}" -gt 0 ] || break

@@ -96,6 +96,8 @@ class FakeCluster:
     on_write: Callable[[Mapping[str, Any]], None] | None = None
     drained: dict[str, str] = field(default_factory=dict)
     """Per job id: the drain signal its step server recorded (``jobs/<id>/drained``)."""
+    ray_stopped: dict[str, str] = field(default_factory=dict)
+    """Per job id: when its step server saw its Ray head stop (``jobs/<id>/ray_stopped``)."""
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """``signal_batch`` calls: job id, signal, the session document when it was sent."""
     on_signal: Callable[[FakeJob, str], None] | None = None
@@ -257,6 +259,8 @@ class FakeCluster:
         job_id = path.rstrip("/").split("/")[-2]
         if path.endswith("/drained"):
             return [self.drained[job_id]] if job_id in self.drained else []
+        if path.endswith("/ray_stopped"):
+            return [self.ray_stopped[job_id]] if job_id in self.ray_stopped else []
         job = self.jobs.get(job_id)
         return list(job.nodes) if job is not None else []
 

@@ -217,3 +217,38 @@ def test_a_running_head_submitted_by_a_dead_elector_is_attached_to_and_recorded_
     assert session.replace_head(timeout=120).job_id == job_id
     assert cluster.doc()["allocation"].get("ready_at") is not None
     assert cluster.calls["sbatch"] == 2  # no second new head
+
+
+def _ray_running_head() -> tuple[Any, FakeCluster, str]:
+    from test_session_successor import RUN_ID, _slurm
+
+    from dagster_slurm.launchers.ray import RayLauncher
+    from dagster_slurm.session.session import RunSession
+
+    config = SlurmRunAllocationConfig(time_limit="01:00:00")
+    probe = RunSession(_slurm(), RUN_ID, config, RayLauncher(), activation=lambda: None)
+    cluster = FakeCluster(probe.initial_document())
+    session = RunSession(_slurm(), RUN_ID, config, RayLauncher(), activation=lambda: None,
+                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
+    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+    cluster.on_submit = lambda job: cluster.clock.at(
+        cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
+    head = session.ensure().job_id
+    cluster.on_submit = None
+    return session, cluster, head
+
+
+def test_a_head_whose_ray_stopped_while_its_job_runs_is_replaced() -> None:
+    session, cluster, head = _ray_running_head()
+    _add_worker_record(cluster)
+    watch = HeadWatch(session)
+    assert watch.check_once().action is WatchAction.KEEP
+    cluster.ray_stopped[head] = "1800000100"  # the head's step server saw its Ray stop
+    _start_new_heads(cluster)
+    decision = watch.check_once()
+    assert decision.action is WatchAction.ELECT and "stopped while the job runs" in decision.reason
+    doc = cluster.doc()
+    assert doc["allocation"]["job_id"] != head
+    assert any(r.get("job_id") == head and r.get("final_state") == "REPLACED"
+               for r in doc["history"].values())
+    assert head in cluster.cancelled  # released: it had no unfinished step

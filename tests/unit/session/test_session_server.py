@@ -545,3 +545,21 @@ def test_heartbeat_that_stops_changing_ends_the_allocation(tmp_path: Path) -> No
         wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
     assert time.monotonic() - stopped >= LIMIT  # the limit counts from the last change
     assert read(server.job_dir / "ended_by") == "heartbeat\n"
+
+
+# -- the Ray head's watcher --------------------------------------------------------------------
+
+
+def test_a_ray_head_that_stops_answering_is_recorded_once(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with step_server(tmp_path, ray_address=f"127.0.0.1:{port}") as server:
+        server.wait_ready()
+        marker = server.job_dir / "ray_stopped"
+        wait_for(marker.exists, timeout=60, what=f"the ray_stopped marker\n{server.log()}")
+        assert marker.read_text().strip().isdigit()
+        assert "does not answer (3 probes, 5 s apart)" in server.log()
+        assert server.proc.poll() is None  # the server goes on; the session decides
