@@ -91,7 +91,7 @@ def host_on_worker(session: RunSession, choice: HeadChoice, owner: str,
             if reason is not None:
                 raise WorkerHostFailed(f"worker allocation {job_id} could not host the head: "
                                        f"{reason}")
-            snapshot = polled.snapshot
+            snapshot = polled.status
             ended = snapshot.ended_state(job_id) if snapshot is not None else None
             if ended is not None:
                 raise WorkerHostFailed(f"worker allocation {job_id} ended ({ended}) before "
