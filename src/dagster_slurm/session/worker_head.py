@@ -10,7 +10,8 @@ session's ``ray_head`` (which every worker allocation follows, this one included
 job's ``ready`` file. A head that does not start is reported in
 ``jobs/<job id>/host_head_state`` (``failed term=<term> <reason>``).
 
-The elector waits (its claim is renewed meanwhile) for ``ready`` with a Ray address, then
+The elector waits (its claim is renewed meanwhile) for ``started term=<term>`` in
+``host_head_state`` and ``ready`` with a Ray address, then
 installs the worker allocation as the session's head record
 (:func:`~dagster_slurm.state.election_transitions.install_elected_head`, which releases the
 claim in the same change). A reported failure, the job's end or :data:`HOST_TIMEOUT`
@@ -65,6 +66,13 @@ def _failure(text: str | None, term: int) -> str | None:
     return None
 
 
+def _started(text: str | None, term: int) -> bool:
+    """True when ``host_head_state`` says the head of ``term`` started (a ready file left
+    by an earlier term does not count)."""
+    return any(line.split()[:2] == ["started", f"term={term}"]
+               for line in (text or "").splitlines())
+
+
 def host_on_worker(session: RunSession, choice: HeadChoice, owner: str,
                    deadline: float | None, out: ProgressLog,
                    timeout: float = HOST_TIMEOUT) -> SlurmAllocation:
@@ -97,7 +105,7 @@ def host_on_worker(session: RunSession, choice: HeadChoice, owner: str,
                 raise WorkerHostFailed(f"worker allocation {job_id} ended ({ended}) before "
                                        "its head started")
             text = polled.texts.get(ready_path)
-            if text and text.endswith("\n"):
+            if _started(polled.texts.get(state_path), term) and text and text.endswith("\n"):
                 values = parse_ready(text)
                 if values.get("ray_address"):
                     return _install(session, job_id, term, owner, values, out)

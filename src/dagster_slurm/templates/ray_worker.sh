@@ -568,6 +568,8 @@ __dw_host_stop() {
         esac
     fi
     __dw_host_pid="" __dw_server_pid="" __dw_host_phase=""
+    # A ready file of an earlier term must not pass for the next one's.
+    rm -f -- "$__dw_job_dir/ready"
 }
 
 __dw_host_fail() {

@@ -46,8 +46,11 @@ def _answer(cluster: FakeCluster, session: Any, answers: dict[str, str | None]) 
                 term = content.strip().removeprefix("term=")
                 node = cluster.jobs[job_id].nodes[0]
                 if answer == "ready":
+                    address = f"10.0.0.9:{6000 + int(term)}"
+                    cluster.files[host_state_path(session, job_id)] = (
+                        f"started term={term} ray_address={address}\n")
                     path = session.paths.ready(job_id)
-                    text = f"head={node}\nray_address=10.0.0.9:{6000 + int(term)}\n"
+                    text = f"head={node}\nray_address={address}\n"
                 elif answer == "failed":
                     path = host_state_path(session, job_id)
                     text = f"failed term={term} 'ray start --head' ended\n"
@@ -145,3 +148,16 @@ def test_the_worker_allocation_hosting_the_head_is_not_removed() -> None:
     with pytest.raises(SessionError, match="hosts the Ray head.*replace_head"):
         remove_worker_allocation(session, "900")
     assert cluster.signals == [] and cluster.jobs["900"].state is JobState.RUNNING
+
+
+def test_a_ready_file_of_an_earlier_term_does_not_count() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _add_worker(cluster, session, "901", "g2")
+    cluster.files[session.paths.ready("900")] = "head=g1\nray_address=10.0.0.9:1\n"
+    cluster.files[host_state_path(session, "900")] = "ended term=0\n"
+    _answer(cluster, session, {"900": None, "901": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    allocation = session.replace_head(timeout=HOST_TIMEOUT + 60)
+    assert allocation.job_id == "901"  # 900 timed out, its old ready file was not taken
+    assert et.failures(cluster.read().doc, "900") == 1

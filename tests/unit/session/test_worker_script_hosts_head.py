@@ -77,6 +77,7 @@ def test_it_hosts_a_head_only_control_plane_and_its_node_follows_it(tmp_path):
             _ask(w, "stop term=3\n")
             wait_for(lambda: w.file("host_head_state").startswith("stopped term=3"),
                      "the hosted head to stop")
+            assert w.file("ready") == ""  # not taken for a later term's
             assert w.proc.poll() is None
         finally:
             listener.close()
