@@ -269,7 +269,10 @@ def _new_allocation(session: RunSession, doc: SessionDocument | None,
     with session._lock:
         session._allocation = None
     allocation = session.ensure(out.logger)
-    if still_runs and old_job is not None:
+    if still_runs and old_job is not None and old is not None \
+            and old.kind == et.WORKER_HEAD_KIND:
+        out.info(f"Worker allocation {old_job} no longer hosts the head; it stays a worker")
+    elif still_runs and old_job is not None:
         _release_old_head(session, old_job, out)
     return allocation
 

@@ -377,6 +377,12 @@ __dw_follow_head() {
     then
         return 0
     fi
+    if [ "$__dw_host_phase" = started ] && [ "$__dw_new_job" != "$__dw_job" ]; then
+        __dw_log "the run's Ray head moved to job $__dw_new_job; this allocation stops hosting" \
+            "it (term $__dw_host_term) and stays a worker"
+        __dw_host_stop
+        __dw_host_report "ended term=$__dw_host_term moved to job $__dw_new_job"
+    fi
     if [ -n "$__dw_head_job" ]; then
         __dw_log "the run's Ray head is now job $__dw_new_job at $__dw_new_address (was" \
             "$__dw_head_job); moving every node to it"

@@ -99,3 +99,20 @@ def test_a_head_that_does_not_start_is_reported_failed(tmp_path):
         assert w.file("ready") == ""
         assert _joined(w, "7")  # the node stays with its head
         assert w.proc.poll() is None
+
+
+def test_it_stops_hosting_once_the_head_moves_to_another_job_and_stays_a_worker(tmp_path):
+    with worker(tmp_path) as w:
+        listener = _server(w)
+        try:
+            w.name_head("7")
+            wait_for(lambda: _joined(w, "7"), "the join of head 7")
+            _ask(w, "term=5\n")
+            wait_for(lambda: _joined(w, JOB_ID), "the node to join the hosted head")
+            w.name_head("8")
+            wait_for(lambda: w.file("host_head_state").startswith("ended term=5 moved to job 8"),
+                     "the hosted head to stop")
+            wait_for(lambda: _joined(w, "8"), "the node to join head 8")
+            assert w.file("ready") == "" and w.proc.poll() is None
+        finally:
+            listener.close()
