@@ -161,3 +161,20 @@ def test_a_ready_file_of_an_earlier_term_does_not_count() -> None:
     allocation = session.replace_head(timeout=HOST_TIMEOUT + 60)
     assert allocation.job_id == "901"  # 900 timed out, its old ready file was not taken
     assert et.failures(cluster.read().doc, "900") == 1
+
+
+def test_a_new_head_allocation_leaves_the_worker_that_hosted_the_previous_head_running() -> None:
+    from dagster_slurm.state import transitions as tr
+
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _answer(cluster, session, {"900": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    assert session.replace_head(timeout=180).job_id == "900"
+    drain = tr.request_drain(cluster.read().doc, job_id="900")  # the hosted head drains
+    assert isinstance(drain, tr.Change) and cluster.apply(drain).ok
+    cluster.on_submit = lambda job: cluster.clock.at(
+        cluster.clock.t + 3, lambda: cluster.start(job.job_id, nodes=("c2",)))
+    allocation = session.replace_head(timeout=180)
+    assert allocation.job_id not in (head, "900")
+    assert "900" not in cluster.cancelled and cluster.jobs["900"].state is JobState.RUNNING
