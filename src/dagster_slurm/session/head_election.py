@@ -18,8 +18,12 @@ Each round reads the session document and one squeue of the session's job name, 
     job still runs, else its final state) and a new allocation shaped like the first head
     is submitted and waited for; a draining old head still running is released once the
     new head accepts steps and it has no unfinished step;
-  - ``WORKER`` (a worker allocation hosts a head-only control plane) is not offered by this
-    version: the choice is made without worker allocations (``hosts_on_workers=False``).
+  - ``WORKER``: the running, undrained worker allocation with the most time left hosts a
+    head-only control plane on its first node
+    (:func:`~dagster_slurm.session.worker_head.host_on_worker`); installing it as the head
+    record releases the claim. When its head does not start, the claim is failed (a
+    failure counted for it) and the next round elects again (another worker allocation
+    first; one that failed twice is passed over).
 
   The claim is renewed every half lease while the elector works (a new allocation may wait
   in the queue), and completed once the head accepts steps; when the head does not start,
@@ -44,6 +48,7 @@ from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import PromotionDeferred, SessionError
+from dagster_slurm.session.worker_head import WorkerHostFailed, host_on_worker
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
 from dagster_slurm.state import transitions as tr
@@ -102,7 +107,7 @@ def replace_head(session: RunSession, timeout: float | None = None,
     while True:
         doc, view, now = scheduler_view(session)
         choice = choose_head(doc, view, now, port_strategy=_port_strategy(session),
-                             hosts_on_workers=False)
+                             hosts_on_workers=True)
         kind = choice.kind
         if kind is HeadChoiceKind.CLOSED:
             raise SessionError(tr.closed_message(doc, session.job_name))
@@ -115,7 +120,11 @@ def replace_head(session: RunSession, timeout: float | None = None,
             if isinstance(decided, tr.Change) and session.io.apply(decided).ok:
                 out.info(f"Electing the head of {session.job_name} (term {choice.term}): "
                          f"{choice.reason}")
-                return _elect(session, doc, choice, owner, deadline, out)
+                try:
+                    return _elect(session, doc, choice, owner, deadline, out)
+                except WorkerHostFailed as exc:  # the claim was failed: elect again
+                    out.warning(f"{exc}; electing again")
+                    continue
             # another caller claimed it first: wait for the head it elects
         if choice.reason != told:
             told = choice.reason
@@ -212,6 +221,12 @@ def _elect(session: RunSession, doc: SessionDocument | None, choice: HeadChoice,
     keeper = _ClaimKeeper(session, owner, choice.term, et.CLAIM_TTL)
     keeper.start()
     try:
+        if choice.kind is HeadChoiceKind.WORKER:
+            allocation = host_on_worker(session, choice, owner, deadline, out)
+            keeper.stop()  # installing the head released the claim
+            out.info(f"Head of {session.job_name} elected: worker allocation "
+                     f"{allocation.job_id}, Ray at {allocation.ray_address}")
+            return allocation
         if choice.kind is HeadChoiceKind.SUCCESSOR:
             allocation = _promote(session, deadline, out, wait=None)
         elif doc is not None and doc.successor is not None and doc.successor.job_id:
@@ -261,7 +276,10 @@ def _new_allocation(session: RunSession, doc: SessionDocument | None,
     with session._lock:
         session._allocation = None
     allocation = session.ensure(out.logger)
-    if still_runs and old_job is not None:
+    if still_runs and old_job is not None and old is not None \
+            and old.kind == et.WORKER_HEAD_KIND:
+        out.info(f"Worker allocation {old_job} no longer hosts the head; it stays a worker")
+    elif still_runs and old_job is not None:
         _release_old_head(session, old_job, out)
     return allocation
 

@@ -81,7 +81,7 @@ def watched(doc: SessionDocument | None, separate_head: bool) -> bool:
 
 def decide(doc: SessionDocument | None, view: SchedulerView, now: float, *,
            separate_head: bool, has_signal: bool, port_strategy: str = "random",
-           hosts_on_workers: bool = False) -> WatchDecision:
+           hosts_on_workers: bool = True) -> WatchDecision:
     """One check of the head (pure): see the module docstring. ``has_signal``: the head
     gets a pre-walltime signal (its effective ``signal_before_timeout`` is set)."""
     if doc is None or doc.closed or not watched(doc, separate_head):

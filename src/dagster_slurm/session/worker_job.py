@@ -140,6 +140,8 @@ def render_worker(*, paths: SessionPaths, launcher: RayLauncher,
             "redis_password": launcher.redis_password or "",
             "num_gpus": str(config.gpus_per_node or 0),
             "ray_start_args": worker_start_args(launcher, config),
+            "head_start_args": [*launcher.ray_start_args, "--num-cpus=0", "--num-gpus=0"],
+            "step_server": f"{paths.submit_dir(token)}/step_server.sh",
         },
         {
             "prologue": render_prologue(worker_plan(paths, token, activation), launcher="ray_worker"),
@@ -153,7 +155,8 @@ def worker_submission(*, paths: SessionPaths, job_name: str, launcher: RayLaunch
                       config: SlurmWorkerAllocationConfig, activation: str | None,
                       token: str) -> tuple[SbatchSpec, dict[str, tuple[str | bytes, int]]]:
     """The sbatch request of a worker allocation and the files it needs: the batch script
-    (``<submit dir>/worker.sh``, mode 0600). ``config`` must be resolved
+    (``<submit dir>/worker.sh``, mode 0600; the step server it starts when it hosts the
+    head, ``<submit dir>/step_server.sh``, is rendered by the session). ``config`` must be resolved
     (:func:`~dagster_slurm.session.worker_config.resolve_worker_config`); the job carries
     ``job_name`` (the session's: teardown's ``scancel --name`` ends it) and writes its
     output to the session's ``allocation-<job id>.log``."""

@@ -32,7 +32,9 @@ call returns None once the cancel or the drain request has been sent: the thread
 the process (the drain itself goes on in the cluster; the release is then recorded by the
 next call for the allocation, or at teardown).
 
-Removing a worker allocation never signals the head allocation or the payload drivers.
+Removing a worker allocation never signals the head allocation or the payload drivers. A
+worker allocation that hosts the head (after an election) is refused with SessionError:
+move the head first (``request_drain()`` on it, then ``replace_head()``).
 
 :func:`worker_allocations` lists the live (not released) worker allocations the session
 document records, so that a restarted supervisor finds them and can remove them.
@@ -131,6 +133,9 @@ def remove_worker_allocation(session: RunSession, allocation: WorkerAllocation |
         if not wait:
             return None
         return JobState.parse(record.final_state) if record.final_state else JobState.UNKNOWN
+    from dagster_slurm.session.worker_head import refuse_removing_head
+
+    refuse_removing_head(session, job_id)
     removal = _Removal(session, job_id, out)
     snapshot = removal.observe()
     observed = snapshot.job(job_id)

@@ -99,6 +99,7 @@ def add_worker_allocation(session: RunSession, config: SlurmWorkerAllocationConf
     spec, files = worker_submission(paths=session.paths, job_name=session.job_name,
                                     launcher=launcher, config=resolved,
                                     activation=session.activation(), token=token)
+    files[f"{session.paths.submit_dir(token)}/step_server.sh"] = _step_server(session, token)
     snapshot, shape = resolved.snapshot(), _shape(spec)
     decided = wt.submit_worker(doc, token=token, config=snapshot, shape=shape,
                                job_name=session.job_name)
@@ -230,3 +231,12 @@ def _record_joined(session: RunSession, job_id: str, nodes: list[str], ids: list
                 return
     except DagsterSlurmError as exc:
         out.warning(f"the join of worker allocation {job_id} was not recorded: {exc}")
+
+
+def _step_server(session: RunSession, token: str) -> tuple[str, int]:
+    """The step server a worker allocation starts when it is elected to host the head
+    (rendered like a head's; see ``templates/ray_worker.sh``)."""
+    from dagster_slurm.session.session import render_server
+
+    return render_server(session.paths, token, session.drain_signal,
+                         session.config.heartbeat_timeout), 0o600

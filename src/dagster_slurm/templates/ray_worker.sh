@@ -10,6 +10,18 @@
 #              restarting), draining, then 'released <reason>' (drained, no_head,
 #              cancelled) at the end;
 #   drain      written by the session before it sends USR1: 'deadline=<epoch seconds>'.
+#   host_head  written by an elector: 'term=<n>' asks the allocation to host the run's Ray
+#              head, 'stop term=<n>' withdraws the request (looked at every second);
+#   host_head_state  'starting|started|failed|stopped|ended term=<n> ...' (atomically).
+#
+# Hosting the head: 'ray start --head' with no CPUs and no GPUs (resource
+# dagster_slurm_head) on the FIRST node, in a step of its own next to that node's worker
+# and with a port block of its own (node index = the number of nodes), then the session's
+# step server in the batch shell with RAY_ADDRESS set to it. The step server writes
+# ray_head and jobs/<job id>/ready; this allocation's nodes then follow ray_head to the
+# new head like every other worker allocation's and keep their CPUs and GPUs. A head that
+# does not start within startup_timeout, or whose 'ray start' ends first, is reported
+# 'failed'. While it hosts the head the allocation never releases itself for lack of one.
 #
 # A head is live while squeue lists its job RUNNING (or cannot answer) and its GCS port
 # answers. Each node runs 'ray start --block' in an 'srun --overlap' step of its own. A node
@@ -44,6 +56,10 @@ __dw_redis_password=@@{redis_password}
 # value of an option wins).
 __ds_ray_num_gpus=@@{num_gpus}
 __ds_ray_extra_args=(@@{ray_start_args})
+# Hosting the run's head (after an election): the step server to start, and the options of
+# the head-only 'ray start --head' (the launcher's, then no CPUs and no GPUs).
+__dw_step_server=@@{step_server}
+__dw_head_args=(@@{head_start_args})
 
 __dw_job=${SLURM_JOB_ID:?a worker allocation runs inside a Slurm allocation}
 __dw_job_dir="$__dw_session_dir/jobs/$__dw_job"
@@ -361,6 +377,12 @@ __dw_follow_head() {
     then
         return 0
     fi
+    if [ "$__dw_host_phase" = started ] && [ "$__dw_new_job" != "$__dw_job" ]; then
+        __dw_log "the run's Ray head moved to job $__dw_new_job; this allocation stops hosting" \
+            "it (term $__dw_host_term) and stays a worker"
+        __dw_host_stop
+        __dw_host_report "ended term=$__dw_host_term moved to job $__dw_new_job"
+    fi
     if [ -n "$__dw_head_job" ]; then
         __dw_log "the run's Ray head is now job $__dw_new_job at $__dw_new_address (was" \
             "$__dw_head_job); moving every node to it"
@@ -528,8 +550,110 @@ __dw_drain_all() {
     __dw_release drained 0
 }
 
+# -- hosting the run's Ray head (see the header) --------------------------------------------
+__dw_host_term=""     # the term asked for in host_head ('' before any request)
+__dw_host_phase=""    # starting | started ('' when not hosting)
+__dw_host_pid=""      # srun of the head node
+__dw_server_pid=""    # the step server
+__dw_host_since=0
+
+__dw_host_report() {
+    __ds_write_atomic "$__dw_job_dir/host_head_state" "$*" \
+        || __dw_log "cannot write $__dw_job_dir/host_head_state"
+}
+
+# Stop the head node and the step server this allocation runs (nothing when none).
+__dw_host_stop() {
+    local step n=${#__dw_hosts[@]}
+    [ -z "$__dw_server_pid" ] || kill -TERM "$__dw_server_pid" 2>/dev/null
+    if [ -n "$__dw_host_pid" ] && kill -0 "$__dw_host_pid" 2>/dev/null; then
+        step=$(__dw_field "$n" starting step) || step=""
+        case $step in
+            *.?*) scancel --quiet "--signal=$(kill -l URG)" "$step" > /dev/null 2>&1 ;;
+            *) kill -TERM "$__dw_host_pid" 2>/dev/null ;;
+        esac
+    fi
+    __dw_host_pid="" __dw_server_pid="" __dw_host_phase=""
+    # A ready file of an earlier term must not pass for the next one's.
+    rm -f -- "$__dw_job_dir/ready"
+}
+
+__dw_host_fail() {
+    __dw_log "cannot host the run's Ray head (term $__dw_host_term): $*"
+    if [ -r "${__dw_logs[${#__dw_hosts[@]}]}" ]; then
+        tail -n 20 "${__dw_logs[${#__dw_hosts[@]}]}" | sed 's/^/[ray head] /' >&2
+    fi
+    __dw_host_stop
+    __dw_host_report "failed term=$__dw_host_term $*"
+}
+
+# Start the head-only Ray node on the first node (its output in ray-head.log).
+__dw_host_start() {
+    local n=${#__dw_hosts[@]}
+    __dw_logs[n]="$__dw_job_dir/ray-head.log"
+    : > "${__dw_logs[n]}"
+    __dw_host_report "starting term=$__dw_host_term"
+    __dw_log "asked to host the run's Ray head (term $__dw_host_term); starting a head-only" \
+        "Ray node on ${__dw_hosts[0]}"
+    __DS_RAY_REDIS_PASSWORD=$__dw_redis_password \
+        srun --overlap --export=ALL --nodes=1 --ntasks=1 "--nodelist=${__dw_hosts[0]}" \
+        --mem=0 --job-name=ray-head bash -c "$__dw_head_code" dagster-slurm-ray-head \
+        head "$n" "$__dw_job" > "${__dw_logs[n]}" 2>&1 < /dev/null &
+    __dw_host_pid=$!
+    __dw_host_phase=starting
+    __dw_host_since=$SECONDS
+}
+
+# One round: follow host_head, bring the head up, notice when it ends.
+__dw_host_tend() {
+    local text="" n=${#__dw_hosts[@]} address gcs
+    [ ! -r "$__dw_job_dir/host_head" ] || IFS= read -r text < "$__dw_job_dir/host_head"
+    case $text in
+        "stop term=$__dw_host_term")
+            if [ -n "$__dw_host_phase" ]; then
+                __dw_log "the request to host the head (term $__dw_host_term) was withdrawn"
+                __dw_host_stop
+                __dw_host_report "stopped term=$__dw_host_term"
+            fi ;;
+        term=*[0-9])
+            if [ "${text#term=}" != "$__dw_host_term" ]; then
+                __dw_host_stop
+                __dw_host_term=${text#term=}
+                __dw_host_start
+            fi ;;
+    esac
+    case $__dw_host_phase in
+        starting)
+            if grep -q 'Ray runtime started' "${__dw_logs[n]}" 2>/dev/null; then
+                address=$(__dw_field "$n" starting address) \
+                    && gcs=$(__dw_field "$n" starting gcs) \
+                    || { __dw_host_fail "the head's address is not in its log" && return 0; }
+                __dw_log "the head-only Ray node runs at $address:$gcs; starting the step server"
+                RAY_ADDRESS="$address:$gcs" bash "$__dw_step_server" < /dev/null >&2 &
+                __dw_server_pid=$!
+                __dw_host_phase=started
+                __dw_host_report "started term=$__dw_host_term ray_address=$address:$gcs"
+            elif ! kill -0 "$__dw_host_pid" 2>/dev/null; then
+                __dw_host_fail "'ray start --head' ended before the head started"
+            elif [ $((SECONDS - __dw_host_since)) -ge "$__dw_startup_timeout" ]; then
+                __dw_host_fail "the head did not start within $__dw_startup_timeout s"
+            fi ;;
+        started)
+            if ! kill -0 "$__dw_host_pid" 2>/dev/null; then
+                __dw_log "the head-only Ray node ended; the session elects another head"
+                __dw_host_stop
+                __dw_host_report "ended term=$__dw_host_term"
+            elif ! kill -0 "$__dw_server_pid" 2>/dev/null; then
+                __dw_log "the step server of the head ended; stopping the head"
+                __dw_host_stop
+                __dw_host_report "ended term=$__dw_host_term"
+            fi ;;
+    esac
+}
+
 __dw_on_exit() {
     local code=$?
+    __dw_host_stop
     __dw_stop_nodes quick $(__dw_all_nodes)
     (exit "$code")
     __ds_on_exit
@@ -564,6 +688,13 @@ $(declare -p $(compgen -v __ds_ray_))
 $(declare -f $(compgen -A function __ds_ray_))"
 __dw_code="$__dw_code_env
 __ds_ray_node_main \"\$@\""
+# The head-only node: the same functions, no CPUs or GPUs, the launcher's options only.
+__dw_head_code="$__dw_code_env
+$(declare -p __dw_head_args)
+__ds_ray_num_cpus=0
+__ds_ray_num_gpus=0
+__ds_ray_extra_args=(\"\${__dw_head_args[@]}\")
+__ds_ray_node_main \"\$@\""
 __dw_log "started on ${#__dw_hosts[@]} node(s): ${__dw_hosts[*]}; joining the run's Ray head" \
     "named in $__dw_head_file"
 
@@ -576,6 +707,7 @@ while :; do
         __dw_check_live
         __dw_drain_all
     fi
+    __dw_host_tend
     __dw_follow_head
     __dw_check_live
     if [ -n "$__dw_live" ]; then
@@ -593,7 +725,7 @@ while :; do
             __dw_stop_nodes $(__dw_all_nodes)
         fi
         __dw_wait=$((SECONDS - __dw_last_live))
-        if [ "$__dw_wait" -ge "$__dw_rejoin_timeout" ]; then
+        if [ "$__dw_wait" -ge "$__dw_rejoin_timeout" ] && [ -z "$__dw_host_phase" ]; then
             __dw_log "no live Ray head for $__dw_wait s (rejoin_timeout $__dw_rejoin_timeout s);" \
                 "releasing the allocation"
             __dw_release no_head 0

@@ -1,0 +1,180 @@
+"""The WORKER path of replace_head against an in-memory cluster and a fake clock: the
+elector asks the worker allocation to host the head (``jobs/<id>/host_head``), waits for its
+step server's ready file, installs it as the head record and caches its allocation; a
+reported failure or a timeout fails the claim (withdrawing the request) and elects again;
+a worker allocation that hosts the head is not removed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+from session_fakes import FakeCluster, FakeJob
+from test_session_successor import _running_head
+
+from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.worker_head import HOST_TIMEOUT, host_head_path, host_state_path
+from dagster_slurm.session.worker_removal import remove_worker_allocation
+from dagster_slurm.slurm.states import JobState
+from dagster_slurm.state import election_transitions as et
+
+
+def _add_worker(cluster: FakeCluster, session: Any, job_id: str, node: str) -> None:
+    """A running worker allocation of the session, recorded as add_worker_allocation does."""
+    cluster.jobs[job_id] = FakeJob(job_id, session.job_name, f"t{job_id}", JobState.RUNNING,
+                                   None, (node,))
+    assert cluster.store.transact([
+        {"op": "add", "path": f"/workers/{job_id}",
+         "value": {"job_id": job_id, "token": f"t{job_id}", "nodes": [node], "config": {}}},
+    ]).ok
+
+
+def _answer(cluster: FakeCluster, session: Any, answers: dict[str, str | None]) -> list[str]:
+    """Each worker allocation answers a host_head request after 5 s: ``ready`` (its step
+    server's ready file with a Ray address), ``failed`` (host_head_state) or None (never).
+    Returns the requests seen, in order."""
+    seen: list[str] = []
+
+    def on_write(files: Any) -> None:
+        for path, (content, _mode) in files.items():
+            for job_id, answer in answers.items():
+                if path != host_head_path(session, job_id) or not content.startswith("term="):
+                    continue
+                seen.append(f"{job_id} {content.strip()}")
+                term = content.strip().removeprefix("term=")
+                node = cluster.jobs[job_id].nodes[0]
+                if answer == "ready":
+                    address = f"10.0.0.9:{6000 + int(term)}"
+                    cluster.files[host_state_path(session, job_id)] = (
+                        f"started term={term} ray_address={address}\n")
+                    path = session.paths.ready(job_id)
+                    text = f"head={node}\nray_address={address}\n"
+                elif answer == "failed":
+                    path = host_state_path(session, job_id)
+                    text = f"failed term={term} 'ray start --head' ended\n"
+                else:
+                    continue
+                hook = functools.partial(cluster.files.__setitem__, path, text)
+                cluster.clock.at(cluster.clock.t + 5, hook)
+
+    cluster.on_write = on_write
+    return seen
+
+
+def test_a_lost_head_is_replaced_by_the_worker_allocation_hosting_a_control_plane() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    seen = _answer(cluster, session, {"900": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    allocation = session.replace_head(timeout=180)
+    assert allocation.job_id == "900" and allocation.ray_address == "10.0.0.9:6001"
+    assert seen == ["900 term=1"]
+    doc = cluster.doc()
+    assert doc["allocation"]["job_id"] == "900"
+    assert doc["allocation"]["kind"] == et.WORKER_HEAD_KIND
+    assert doc["allocation"]["nodes"] == ["g1"]
+    assert doc["election"]["claimed_by"] is None
+    assert any(r.get("job_id") == head for r in doc["history"].values())
+    assert cluster.calls["sbatch"] == 1  # no new allocation
+    assert session._allocation is allocation
+    # every later caller gets the same head
+    assert session.replace_head(timeout=10).job_id == "900"
+
+
+def test_a_reported_failure_fails_the_claim_and_the_next_worker_allocation_is_elected() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _add_worker(cluster, session, "901", "g2")
+    seen = _answer(cluster, session, {"900": "failed", "901": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    allocation = session.replace_head(timeout=180)
+    assert seen == ["900 term=1", "901 term=2"]
+    assert allocation.job_id == "901"
+    assert cluster.files[host_head_path(session, "900")] == "stop term=1\n"
+    read = cluster.read()
+    assert et.failures(read.doc, "900") == 1 and et.failures(read.doc, "901") == 0
+
+
+def test_a_worker_allocation_that_never_answers_is_passed_over_after_two_timeouts() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    seen = _answer(cluster, session, {"900": None})
+    cluster.end(head, JobState.CANCELLED)
+    submitted: list[str] = []
+
+    def start_new(job: FakeJob) -> None:
+        submitted.append(job.job_id)
+        cluster.clock.at(cluster.clock.t + 3, lambda: cluster.start(job.job_id, nodes=("c2",)))
+
+    cluster.on_submit = start_new
+    started = cluster.clock.t
+    allocation = session.replace_head(timeout=3 * HOST_TIMEOUT + 60)
+    assert seen == ["900 term=1", "900 term=2"]
+    assert allocation.job_id == submitted[0]  # a new allocation after the second failure
+    assert cluster.clock.t - started >= 2 * HOST_TIMEOUT
+    assert cluster.files[host_head_path(session, "900")] == "stop term=2\n"
+    assert et.failures(cluster.read().doc, "900") == 2
+
+
+def test_a_worker_allocation_that_ends_while_asked_fails_at_once() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _answer(cluster, session, {"900": None})
+    cluster.on_write_base = cluster.on_write  # type: ignore[attr-defined]
+
+    def ends(files: Any) -> None:
+        cluster.on_write_base(files)  # type: ignore[attr-defined]
+        if host_head_path(session, "900") in files:
+            cluster.clock.at(cluster.clock.t + 4, lambda: cluster.end("900", JobState.NODE_FAIL))
+
+    cluster.on_write = ends
+    cluster.on_submit = lambda job: cluster.clock.at(
+        cluster.clock.t + 3, lambda: cluster.start(job.job_id, nodes=("c2",)))
+    cluster.end(head, JobState.CANCELLED)
+    started = cluster.clock.t
+    allocation = session.replace_head(timeout=600)
+    assert allocation.job_id not in (head, "900")
+    assert cluster.clock.t - started < HOST_TIMEOUT
+
+
+def test_the_worker_allocation_hosting_the_head_is_not_removed() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _answer(cluster, session, {"900": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    session.replace_head(timeout=180)
+    with pytest.raises(SessionError, match="hosts the Ray head.*replace_head"):
+        remove_worker_allocation(session, "900")
+    assert cluster.signals == [] and cluster.jobs["900"].state is JobState.RUNNING
+
+
+def test_a_ready_file_of_an_earlier_term_does_not_count() -> None:
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _add_worker(cluster, session, "901", "g2")
+    cluster.files[session.paths.ready("900")] = "head=g1\nray_address=10.0.0.9:1\n"
+    cluster.files[host_state_path(session, "900")] = "ended term=0\n"
+    _answer(cluster, session, {"900": None, "901": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    allocation = session.replace_head(timeout=HOST_TIMEOUT + 60)
+    assert allocation.job_id == "901"  # 900 timed out, its old ready file was not taken
+    assert et.failures(cluster.read().doc, "900") == 1
+
+
+def test_a_new_head_allocation_leaves_the_worker_that_hosted_the_previous_head_running() -> None:
+    from dagster_slurm.state import transitions as tr
+
+    session, cluster, head = _running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _answer(cluster, session, {"900": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    assert session.replace_head(timeout=180).job_id == "900"
+    drain = tr.request_drain(cluster.read().doc, job_id="900")  # the hosted head drains
+    assert isinstance(drain, tr.Change) and cluster.apply(drain).ok
+    cluster.on_submit = lambda job: cluster.clock.at(
+        cluster.clock.t + 3, lambda: cluster.start(job.job_id, nodes=("c2",)))
+    allocation = session.replace_head(timeout=180)
+    assert allocation.job_id not in (head, "900")
+    assert "900" not in cluster.cancelled and cluster.jobs["900"].state is JobState.RUNNING
