@@ -5,8 +5,8 @@ An asset adds a worker allocation on ``gpu`` to a Ray run session whose head run
 commits each unit once (an exclusive create on the shared filesystem; a second commit of a
 unit fails the payload), and on ``SlurmAllocationEnded`` ``session.replace_head()`` and run
 again. The test cancels the head after a few units. Every unit is committed exactly once,
-the run succeeds, the worker allocation keeps its Slurm job and its node joins the elected
-head.
+the run succeeds, the worker allocation (the only one, hence the one with the most time left) is
+elected: it keeps its Slurm job, hosts the head and its node joins it.
 """
 
 import os
@@ -127,6 +127,7 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
             assert seen["first"] in by_job and len(by_job) == 2, by_job  # before and after
             assert seen["heads"] and seen["heads"][-1] != seen["first"]
             new_head = seen["heads"][-1]
+            assert new_head == seen["worker"]  # elected on the worker allocation, no queue
             assert seen["worker_state"] == "RUNNING"  # same Slurm job throughout
             assert seen["ray_head"] == new_head and seen["joined"] == {new_head}
     finally:
