@@ -42,6 +42,7 @@ from dagster_slurm.state.election import (
     choose_head,
     head_drain_due,
 )
+from dagster_slurm.state.election_transitions import WORKER_HEAD_KIND
 
 if TYPE_CHECKING:
     from dagster_slurm.session.session import RunSession
@@ -87,7 +88,10 @@ def decide(doc: SessionDocument | None, view: SchedulerView, now: float, *,
     if doc is None or doc.closed or not watched(doc, separate_head):
         return WatchDecision(WatchAction.IDLE, "no worker allocation and no separate head")
     head = str(doc.allocation.job_id) if doc.allocation and doc.allocation.job_id else None
-    if head_drain_due(doc, view, now, has_signal=has_signal):
+    hosted = doc.allocation is not None and doc.allocation.kind == WORKER_HEAD_KIND
+    # a worker allocation hosting the head is not drained (its drain stops it rather than
+    # handing over): it is replaced once its job ends
+    if not hosted and head_drain_due(doc, view, now, has_signal=has_signal):
         return WatchDecision(WatchAction.DRAIN, f"the head allocation (job {head}) gets no "
                              "pre-walltime signal and its walltime is near", head)
     choice = choose_head(doc, view, now, port_strategy=port_strategy,

@@ -252,3 +252,14 @@ def test_a_head_whose_ray_stopped_while_its_job_runs_is_replaced() -> None:
     assert any(r.get("job_id") == head and r.get("final_state") == "REPLACED"
                for r in doc["history"].values())
     assert head in cluster.cancelled  # released: it had no unfinished step
+
+
+def test_a_worker_hosted_head_is_not_drained_before_its_walltime() -> None:
+    session, cluster, head = _running_head()
+    _add_worker_record(cluster)
+    assert cluster.store.transact([{"op": "add", "path": "/allocation/kind",
+                                    "value": et.WORKER_HEAD_KIND}]).ok
+    doc, view, now = _view(cluster, session)
+    late = now + 600 - HANDOVER_LEAD + 1
+    assert decide(doc, view, late, separate_head=False,
+                  has_signal=False).action is WatchAction.KEEP
