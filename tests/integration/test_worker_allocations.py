@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 from compute_support import slurm_resource, squeue_state, wait_until
 from session_support import session_compute
+from worker_support import ray_nodes, read_text
 
 from dagster_slurm import RayLauncher, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from dagster_slurm.agent import write_file_op
@@ -64,19 +65,6 @@ print(json.dumps({"node": ray.get(hold.remote(sys.argv[1]))}))
 
 def _slurm_env(env: dict[str, str]) -> dict[str, str]:
     return {"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"}
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return ""
-
-
-def _ray_nodes(session: RunSession, job_id: str) -> dict[str, tuple[str, str]]:
-    rows = [line.split() for line in _read(session.paths.ray_nodes(job_id)).splitlines()]
-    return {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
 
 
 def _final_state(env: dict[str, str], job_id: str) -> str:
@@ -134,9 +122,9 @@ def test_a_worker_allocation_joins_and_offers_its_resources(session, gpu_worker)
     worker, ids = gpu_worker
     assert len(ids) == 1 and session._allocation is not None  # the wait started the head
     head_job = session._allocation.job_id
-    ((host, (node_id, joined_head)),) = _ray_nodes(session, worker.job_id).items()
+    ((host, (node_id, joined_head)),) = ray_nodes(session, worker.job_id).items()
     assert host.startswith("g") and node_id == ids[0] and joined_head == head_job
-    assert _read(session.paths.worker_state(worker.job_id)).strip() == "joined"
+    assert read_text(session.paths.worker_state(worker.job_id)).strip() == "joined"
     record = session.io.read().doc.workers[worker.job_id]
     assert record.ray_node_ids == {host: ids[0]} and record.config["partition"] == "gpu"
 
@@ -160,21 +148,21 @@ def test_a_killed_raylet_starts_again_and_rejoins(session, gpu_worker):
         os.kill(int(pid), 9)
 
     def rejoined() -> str | None:
-        joined = list(_ray_nodes(session, worker.job_id).values())
+        joined = list(ray_nodes(session, worker.job_id).values())
         return joined[0][0] if joined and joined[0][0] != ids[0] else None
 
     new_id = wait_until(rejoined, 90, "the worker node to rejoin with a new Ray node id")
     assert new_id != ids[0]
-    log = _read(session.paths.output_of(worker.job_id))
+    log = read_text(session.paths.output_of(worker.job_id))
     assert "ended while head" in log and "starting it again in" in log
     assert session.wait_for_worker_allocation(worker, timeout=30) == [new_id]
     assert session.io.read().doc.workers[worker.job_id].ray_node_ids == {
-        next(iter(_ray_nodes(session, worker.job_id))): new_id}
+        next(iter(ray_nodes(session, worker.job_id))): new_id}
 
 
 def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, session, gpu_worker):
     worker, _ids = gpu_worker
-    ((_, (node_id, _)),) = _ray_nodes(session, worker.job_id).items()
+    ((_, (node_id, _)),) = ray_nodes(session, worker.job_id).items()
     mark = os.path.join(session.marks, "busy")
     outcome: dict = {}
 
@@ -192,7 +180,7 @@ def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, sessio
                             (f"deadline={int(time.time()) + 90}\n", 0o600)})
     subprocess.run(["scancel", "--batch", "--signal=USR1", worker.job_id], check=True,
                    env=_slurm_env(env))
-    wait_until(lambda: _read(session.paths.worker_state(worker.job_id)).strip() == "draining",
+    wait_until(lambda: read_text(session.paths.worker_state(worker.job_id)).strip() == "draining",
                20, "the worker allocation to drain")
     thread.join(60)
     assert not thread.is_alive() and "error" not in outcome, outcome
@@ -200,10 +188,10 @@ def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, sessio
     assert result.exit_code == 0, result
     assert _last_json(result.stdout_tail)["node"] == node_id  # it finished on the drained node
     wait_until(lambda: not squeue_state(env, worker.job_id), 60, "the worker job to end")
-    assert _read(session.paths.worker_state(worker.job_id)).strip() == "released drained"
+    assert read_text(session.paths.worker_state(worker.job_id)).strip() == "released drained"
     assert wait_until(lambda: _final_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
-    assert not _ray_nodes(session, worker.job_id)
-    log = _read(session.paths.output_of(worker.job_id))
+    assert not ray_nodes(session, worker.job_id)
+    log = read_text(session.paths.output_of(worker.job_id))
     assert "is draining" in log and "is idle and left the Ray cluster" in log
 
 
@@ -215,9 +203,9 @@ def test_a_worker_without_a_head_releases_itself_after_rejoin_timeout(env, sessi
     session.wait_for_worker_allocation(worker, timeout=120)
     head_job = session._allocation.job_id
     subprocess.run(["scancel", head_job], check=True, env=_slurm_env(env))
-    wait_until(lambda: _read(session.paths.worker_state(worker.job_id)).strip()
+    wait_until(lambda: read_text(session.paths.worker_state(worker.job_id)).strip()
                == "released no_head", 90, "the worker allocation to release itself")
     wait_until(lambda: not squeue_state(env, worker.job_id), 30, "the worker job to end")
     assert wait_until(lambda: _final_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
-    log = _read(session.paths.output_of(worker.job_id))
+    log = read_text(session.paths.output_of(worker.job_id))
     assert "is not live" in log and "rejoin_timeout 20 s" in log

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 from compute_support import slurm_resource, squeue_state, wait_until
 from session_support import session_compute
+from worker_support import ray_nodes, read_text
 
 from dagster_slurm import RayLauncher, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
 from dagster_slurm.jobs.activation import activation_for
@@ -43,19 +44,6 @@ print(json.dumps({"node": ray.get(where.remote(), timeout=60), "driver": socket.
                   "head_cpus": [n["Resources"].get("CPU", 0) for n in ray.nodes()
                                 if n["Alive"] and "dagster_slurm_head" in n["Resources"]]}))
 """
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return ""
-
-
-def _ray_nodes(session: RunSession, job_id: str) -> dict[str, tuple[str, str]]:
-    rows = [line.split() for line in _read(session.paths.ray_nodes(job_id)).splitlines()]
-    return {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +88,13 @@ def test_a_scancelled_head_is_replaced_by_the_worker_allocation(env, session):
     doc = session.io.read().doc
     assert doc.allocation.job_id == worker.job_id and doc.allocation.kind == WORKER_HEAD_KIND
     assert doc.election.claimed_by is None
-    host = _read(session.paths.nodes(worker.job_id)).split()[0]
-    assert f"job_id={worker.job_id}" in _read(session.paths.ray_head)
+    host = read_text(session.paths.nodes(worker.job_id)).split()[0]
+    assert f"job_id={worker.job_id}" in read_text(session.paths.ray_head)
 
     # the worker's node joined the new head; a Ray task runs there, from a step of the new
     # head's step server (on the worker allocation's first node)
     ((node_host, (node_id, joined)),) = wait_until(
-        lambda: {h: v for h, v in _ray_nodes(session, worker.job_id).items()
+        lambda: {h: v for h, v in ray_nodes(session, worker.job_id).items()
                  if v[1] == worker.job_id}, 90, "the worker's node to join the new head"
     ).items()
     assert node_host == host and joined == worker.job_id
@@ -115,9 +103,9 @@ def test_a_scancelled_head_is_replaced_by_the_worker_allocation(env, session):
     lines = [line for line in result.stdout_tail.splitlines() if line.startswith("{")]
     seen = json.loads(lines[-1])
     assert seen["driver"] == host and seen["head_cpus"] == [0]
-    assert seen["node"] == _ray_nodes(session, worker.job_id)[host][0]
+    assert seen["node"] == ray_nodes(session, worker.job_id)[host][0]
 
     # it hosts the head: removing it is refused, and it did not release itself
     with pytest.raises(SessionError, match="hosts the Ray head"):
         session.remove_worker_allocation(worker)
-    assert _read(session.paths.worker_state(worker.job_id)).strip() == "joined"
+    assert read_text(session.paths.worker_state(worker.job_id)).strip() == "joined"
