@@ -10,11 +10,9 @@ clusters sharing nodes is the point.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -28,7 +26,6 @@ from compute_support import (
     write_payload,
 )
 
-from dagster_slurm.agent import write_file_op
 from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.devcluster import NODES, DevCluster
 from dagster_slurm.launchers.ray import RayLauncher
@@ -53,14 +50,7 @@ with open_dagster_pipes() as pipes:
         return socket.gethostname()
 
     worker_hosts = ray.get([where.remote() for _ in range(2)]) if len(alive) > 1 else []
-    meet = os.environ.get("MEET_DIR")
-    if meet:  # wait until every payload named in MEET_NAMES got here too (at most 120 s)
-        open(os.path.join(meet, os.environ["MEET_NAME"]), "w").close()
-        names = os.environ["MEET_NAMES"].split(",")
-        deadline = time.time() + 120
-        while time.time() < deadline and not all(
-                os.path.exists(os.path.join(meet, name)) for name in names):
-            time.sleep(0.1)
+    time.sleep(float(os.environ.get("HOLD_SECONDS", "0")))
     pipes.report_asset_materialization(metadata={
         "payload_window": [started, time.time()],
         "ray_nodes": len(alive),
@@ -201,7 +191,7 @@ from dagster_slurm.launchers.ray import RayLauncher
 compute = ray_compute(dict(os.environ), RayLauncher(include_dashboard=False), cpus=1)
 result = materialize_one(
     {payload!r}, compute, extra_slurm_opts={{"nodes": 2}}, name={name!r},
-    extra_env={{"MEET_DIR": {meet!r}, "MEET_NAME": {name!r}, "MEET_NAMES": "ray_a,ray_b"}},
+    extra_env={{"HOLD_SECONDS": "8"}},
 )
 print("RESULT " + json.dumps({{
     "success": result.success, "job_id": job_id_of(result),
@@ -213,19 +203,12 @@ print("RESULT " + json.dumps({{
 def test_two_clusters_sharing_nodes_both_succeed(env, tmp_path):
     # Each cluster's asset runs in a Dagster run of its own, in a process of its own, as two
     # runs of a deployment would; both jobs get one CPU on each of the same two nodes.
-    # The two payloads meet (each waits for the other's mark, in a directory every node
-    # sees), so both clusters are up at the same time.
     payload = write_payload(tmp_path, "ray_cluster.py", CLUSTER_PAYLOAD)
     tests = str(Path(__file__).parent)
-    meet = f"{env['SLURM_DEPLOYMENT_BASE_PATH']}/test-marks/ray-meet-{uuid.uuid4().hex[:8]}"
-    slurm = slurm_resource(env)  # the directory belongs to the job's user
-    slurm.agent().run(write_file_op(f"{meet}/.keep", "", makedirs=True))
-    slurm.close()
     procs = {}
     for name in ("ray_a", "ray_b"):
         script = tmp_path / f"{name}.py"
-        script.write_text(RUN_IN_OWN_PROCESS.format(tests=tests, payload=payload, name=name,
-                                                    meet=meet))
+        script.write_text(RUN_IN_OWN_PROCESS.format(tests=tests, payload=payload, name=name))
         with open(tmp_path / f"{name}.out", "w") as out, open(tmp_path / f"{name}.err", "w") as err:
             procs[name] = subprocess.Popen(
                 [sys.executable, str(script)], stdout=out, stderr=err, env={**os.environ, **env}
@@ -244,7 +227,6 @@ def test_two_clusters_sharing_nodes_both_succeed(env, tmp_path):
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)
-        shutil.rmtree(meet, ignore_errors=True)
     addresses = set()
     for result in results.values():
         assert result["success"]
