@@ -97,9 +97,14 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
         wait_until(lambda: squeue_state(env, filler) == "RUNNING", 120,
                    "the filler to run")
         elector = _elector(env, run_id, "20")
-        wait_until(lambda: (_document(session).get("allocation") or {}).get("status")
-                   == "submitted" and (_document(session).get("election") or {}).get(
-                       "claimed_by"), 60, "the elector's claim and its submission")
+        def submitted_by_the_elector() -> bool:
+            doc = _document(session)
+            head = doc.get("allocation") or {}
+            return bool((doc.get("election") or {}).get("claimed_by")
+                        and head.get("status") == "submitted"
+                        and head.get("job_id") not in (None, first))
+
+        wait_until(submitted_by_the_elector, 60, "the elector's claim and its submission")
         os.kill(elector.pid, signal.SIGKILL)
         elector.wait(30)
         submitted = _document(session)["allocation"]["job_id"]

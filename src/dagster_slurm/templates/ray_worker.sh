@@ -562,10 +562,25 @@ __dw_host_report() {
         || __dw_log "cannot write $__dw_job_dir/host_head_state"
 }
 
+# Stop the step server this allocation runs for the head: HUP makes it leave (TERM may be
+# its drain signal, after which it would stay; INT is ignored by background shells), KILL
+# after 6 s should it still run. It must not outlive the batch shell: once orphaned, a
+# proctrack plugin that follows parents (linuxproc) no longer ends it with the job.
+__dw_server_stop() {
+    local pid=$__dw_server_pid waited=0
+    [ -n "$pid" ] || return 0
+    kill -HUP "$pid" 2>/dev/null || return 0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 30 ]; do
+        sleep 0.2
+        waited=$((waited + 1))
+    done
+    kill -KILL "$pid" 2>/dev/null || :
+}
+
 # Stop the head node and the step server this allocation runs (nothing when none).
 __dw_host_stop() {
     local step n=${#__dw_hosts[@]}
-    [ -z "$__dw_server_pid" ] || kill -TERM "$__dw_server_pid" 2>/dev/null
+    __dw_server_stop
     if [ -n "$__dw_host_pid" ] && kill -0 "$__dw_host_pid" 2>/dev/null; then
         step=$(__dw_field "$n" starting step) || step=""
         case $step in
