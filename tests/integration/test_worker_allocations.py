@@ -16,17 +16,13 @@ import subprocess
 import threading
 import time
 import uuid
-from types import SimpleNamespace
 
 import pytest
-from compute_support import slurm_resource, squeue_state, wait_until
-from session_support import session_compute
-from worker_support import ray_nodes, read_text
+from compute_support import squeue_state, wait_until
+from worker_support import ray_nodes, ray_run_session, read_text
 
-from dagster_slurm import RayLauncher, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from dagster_slurm import SlurmWorkerAllocationConfig
 from dagster_slurm.agent import write_file_op
-from dagster_slurm.jobs.activation import activation_for
-from dagster_slurm.session.session import RunSession
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -88,14 +84,7 @@ def env(slurm_cluster) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def session(env):
-    compute = session_compute("ray", env)
-    slurm = slurm_resource(env)
-    activation = activation_for(compute, SimpleNamespace(log=LOG))
-    config = SlurmRunAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=2,
-                                      mem="2500M", time_limit="00:10:00",
-                                      heartbeat_timeout=300, heartbeat_interval=5)
-    session = RunSession(slurm, str(uuid.uuid4()), config, RayLauncher(include_dashboard=False),
-                         activation=lambda: activation)
+    session, slurm = ray_run_session(env, LOG)
     marks = f"{slurm.base_path()}/test-marks/workers-{uuid.uuid4().hex[:8]}"  # seen by every node
     slurm.agent().run(write_file_op(f"{marks}/.keep", "", makedirs=True))
     session.marks = marks  # type: ignore[attr-defined]
