@@ -52,7 +52,6 @@ from pydantic import ValidationError
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
-from dagster_slurm.jobs.cancel import cancel_by_token
 from dagster_slurm.jobs.errors import SlurmSubmissionError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.jobs.signals import drain_signal_of
@@ -164,9 +163,7 @@ def submit_successor(session: RunSession, config: SlurmRunAllocationConfig,
     except SchedulerError as exc:
         raise SlurmSubmissionError(f"the successor allocation could not be submitted: {exc}") from None
     except BaseException:
-        scheduler = session.io.scheduler
-        if scheduler is not None:
-            cancel_by_token(scheduler, session.job_name, token, out)
+        session._cancel_by_token(token, out)  # an interrupted submission leaves no job
         raise
     if job.recovered:
         raise SessionError(_outstanding_now(session))

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.errors import DagsterSlurmError, SchedulerError
-from dagster_slurm.jobs.cancel import cancel_by_token
 from dagster_slurm.jobs.errors import SlurmSubmissionError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.jobs.pending import PendingTracker
@@ -121,9 +120,7 @@ def add_worker_allocation(session: RunSession, config: SlurmWorkerAllocationConf
     except SchedulerError as exc:
         raise SlurmSubmissionError(f"the worker allocation could not be submitted: {exc}") from None
     except BaseException:
-        scheduler = session.io.scheduler
-        if scheduler is not None:
-            cancel_by_token(scheduler, session.job_name, token, out)
+        session._cancel_by_token(token, out)  # an interrupted submission leaves no job
         raise
     out.info(f"Submitted worker allocation {job.job_id} ({session.job_name}, partition "
              f"{spec.partition or 'default'}, {spec.num_nodes or 1} node(s), "
