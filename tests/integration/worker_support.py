@@ -12,6 +12,7 @@ from session_support import session_compute
 from dagster_slurm import RayLauncher, SlurmRunAllocationConfig
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.workers import parse_ray_nodes
 
 
 def read_text(path: str) -> str:
@@ -25,8 +26,7 @@ def read_text(path: str) -> str:
 
 def ray_nodes(session: RunSession, job_id: str) -> dict[str, tuple[str, str]]:
     """Worker allocation ``job_id``'s joined nodes: host -> (Ray node id, head job id)."""
-    rows = [line.split() for line in read_text(session.paths.ray_nodes(job_id)).splitlines()]
-    return {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
+    return parse_ray_nodes(read_text(session.paths.ray_nodes(job_id)))
 
 
 def ray_run_session(env: dict[str, str], log: logging.Logger) -> tuple[RunSession, Any]:
