@@ -22,6 +22,7 @@ from dagster_slurm.agent.exceptions import op_error
 from dagster_slurm.agent.results import (
     ExecResult,
     JobStatusResult,
+    ObserveResult,
     PathResult,
     ReadResult,
     SubmitResult,
@@ -145,6 +146,31 @@ def job_status_op(
         "timeout": timeout,
     }
     return AgentOp("job_status", params, JobStatusResult.from_raw, 2 * timeout + 5.0)
+
+
+def observe_session_op(
+    path: str,
+    squeue_argv: Sequence[str],
+    *,
+    sacct_argv: Sequence[str] | None = None,
+    jobs_dir: str = "",
+    job_files: Sequence[str] = (),
+    files: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> AgentOp[ObserveResult]:
+    """The session document at ``path``, one squeue, sacct for the known jobs squeue no longer
+    lists, and the files ``<jobs_dir>/<job id>/<name>`` (``job_files``) of every known job plus
+    ``files``: see the agent's ``observe_session``."""
+    params = {
+        "path": path,
+        "squeue_argv": list(squeue_argv),
+        "sacct_argv": None if sacct_argv is None else list(sacct_argv),
+        "jobs_dir": jobs_dir,
+        "job_files": list(job_files),
+        "files": list(files),
+        "timeout": timeout,
+    }
+    return AgentOp("observe_session", params, ObserveResult.from_raw, 2 * timeout + 5.0)
 
 
 def submit_op(

@@ -188,6 +188,30 @@ class JobStatusResult:
 
 
 @dataclass(frozen=True)
+class ObserveResult:
+    """One look at a run session (the agent's ``observe_session``): the document as read
+    (None before it exists) and its ``version``, the job ids it knows, the scheduler's
+    answer for them (as a :class:`JobStatusResult`) and the files read ({path: file})."""
+
+    doc: dict[str, Any] | None
+    version: int
+    known_ids: tuple[str, ...]
+    status: JobStatusResult
+    files: dict[str, StatusFile] = field(default_factory=dict)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> ObserveResult:
+        return cls(
+            raw.get("doc"),
+            int(raw.get("version") or 0),
+            tuple(str(i) for i in raw.get("known_ids") or ()),
+            JobStatusResult.from_raw(raw),
+            {k: StatusFile(bool(v.get("exists")), v.get("data"))
+             for k, v in (raw.get("files") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
 class SubmitResult:
     """Outcome of a token-recorded submission.
 

@@ -18,6 +18,7 @@ from dagster_slurm.agent import exec_op, tail_op, write_file_op
 from dagster_slurm.agent.results import TailRequest, TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
+from dagster_slurm.session.batch_io import Observation, Step, StepOutcome, agent_act, agent_observe
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec, scancel_argv
@@ -138,6 +139,15 @@ class SessionIO(Protocol):
 
     def read_lines(self, path: str) -> list[str]:
         """The non-blank lines of a small file on the cluster."""
+
+    def observe(self, lease_patch: Sequence[Mapping[str, Any]] | None) -> Observation:
+        """Optionally apply ``lease_patch`` under the lock, then read the document, squeue
+        for the session's job name (sacct for known jobs it no longer lists) and the small
+        files of every known job (one round trip; see
+        :mod:`dagster_slurm.session.batch_io`)."""
+
+    def act(self, steps: Sequence[Step]) -> list[StepOutcome]:
+        """Run ``steps`` in their order (one round trip); one outcome per step."""
 
     @property
     def scheduler(self) -> SlurmScheduler | None:
@@ -261,6 +271,12 @@ class AgentSessionIO:
 
     def accounting(self, job_ids: Sequence[str]) -> Mapping[str, SacctRecord]:
         return self.scheduler.accounting(list(job_ids))
+
+    def observe(self, lease_patch: Sequence[Mapping[str, Any]] | None) -> Observation:
+        return agent_observe(self.slurm, self.paths, self._job_name, self.initial, lease_patch)
+
+    def act(self, steps: Sequence[Step]) -> list[StepOutcome]:
+        return agent_act(self.slurm, self.paths, self.initial, steps)
 
     def tail(self, path: str, lines: int) -> str:
         from dagster_slurm.session.allocation import last_lines

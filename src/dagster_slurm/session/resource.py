@@ -17,8 +17,10 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SlurmStepExecutionResult
+from dagster_slurm.session.intents import ReconcileResult, WorkerIntent
 from dagster_slurm.session.run_layout import RunLayout, session_resource_layout
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.snapshot import SessionSnapshot
 from dagster_slurm.session.successor import SuccessorAllocation
 from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.workers import WorkerAllocation
@@ -176,6 +178,26 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
         queued one to start first); see :meth:`RunSession.promote_successor`."""
         return self.get_session(context).promote_successor(
             launcher, activation_script, logger=getattr(context, "log", None), wait=wait)
+
+    def inspect(self, context: Any) -> SessionSnapshot:
+        """One observation of the run's allocations; see :meth:`RunSession.inspect`."""
+        return self.get_session(context).inspect()
+
+    def reconcile_workers(self, context: Any, intent: WorkerIntent,
+                          observed: SessionSnapshot | None = None,
+                          release: Sequence[str] | None = None,
+                          max_submissions: int | None = None, *,
+                          max_observation_age: float = 300.0) -> ReconcileResult:
+        """Submit or release worker allocations until ``intent`` holds; see
+        :meth:`RunSession.reconcile_workers`."""
+        return self.get_session(context).reconcile_workers(
+            intent, observed, release, max_submissions,
+            max_observation_age=max_observation_age, logger=getattr(context, "log", None))
+
+    def assign_worker_intent(self, context: Any, job_id: str, key: str | None) -> None:
+        """Move a worker allocation into (or out of) an intent; see
+        :meth:`RunSession.assign_worker_intent`."""
+        self.get_session(context).assign_worker_intent(job_id, key)
 
     def add_worker_allocation(self, context: Any,
                               config: SlurmWorkerAllocationConfig) -> WorkerAllocation:

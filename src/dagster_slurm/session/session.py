@@ -78,6 +78,8 @@ from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
 
 if TYPE_CHECKING:
+    from dagster_slurm.session.intents import ReconcileResult, WorkerIntent
+    from dagster_slurm.session.snapshot import SessionSnapshot
     from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
     from dagster_slurm.session.workers import WorkerAllocation
 
@@ -323,6 +325,47 @@ class RunSession:
 
         self._begin_use()
         return promote_successor(self, launcher, activation_script, logger, wait)
+
+    # -- scaling hooks (session/reconcile.py) ---------------------------------------------
+    def inspect(self) -> SessionSnapshot:
+        """One observation of every allocation of the session (head, published successor,
+        worker allocations): scheduler facts, Ray membership, drain state and the
+        bookkeeping of :meth:`reconcile_workers`, in one round trip and one scheduler query;
+        waits for nothing. Values that could not be observed are None; when the scheduler
+        did not answer every state is None and ``certain`` is False."""
+        from dagster_slurm.session.reconcile import inspect
+
+        return inspect(self)
+
+    def reconcile_workers(self, intent: WorkerIntent, observed: SessionSnapshot | None = None,
+                          release: Sequence[str] | None = None,
+                          max_submissions: int | None = None, *,
+                          max_observation_age: float = 300.0,
+                          logger: Any = None) -> ReconcileResult:
+        """Submit worker allocations of ``intent.config`` until ``intent.count`` of the
+        intent's allocations are pending or running, or release the surplus (pending ones
+        first, then the running ones with the least time left; each gets a drain deadline
+        persisted before its drain starts). Safe from many processes at once (the session's
+        reconcile lease is held from the scheduler query to the last submission). Submits
+        nothing when the scheduler does not answer, when ``observed`` is older than
+        ``max_observation_age`` seconds or names another head, beyond ``max_submissions``,
+        or for a closed session: ``held_back`` says why. ``release`` names allocations of
+        the intent to release in this call. Returns a
+        :class:`~dagster_slurm.session.intents.ReconcileResult`."""
+        from dagster_slurm.session.reconcile import reconcile_workers
+
+        self._begin_use()
+        return reconcile_workers(self, intent, observed, release, max_submissions,
+                                 max_observation_age, logger)
+
+    def assign_worker_intent(self, job_id: str, key: str | None) -> None:
+        """Move the live worker allocation ``job_id`` into the intent ``key`` (counted and
+        released by it from now on), or with None out of every intent (scale-in never
+        releases it), under the session lock. An allocation being released keeps its intent
+        until it ends (SessionError)."""
+        from dagster_slurm.session.reconcile import assign_worker_intent
+
+        assign_worker_intent(self, job_id, key)
 
     # -- worker allocations (session/workers.py, session/worker_removal.py) ----------------
     def add_worker_allocation(self, config: SlurmWorkerAllocationConfig,

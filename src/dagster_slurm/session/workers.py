@@ -78,6 +78,21 @@ def _shape(spec: SbatchSpec) -> dict[str, Any]:
 
 
 # -- adding --------------------------------------------------------------------------------------
+def prepare_worker_submission(session: RunSession, resolved: SlurmWorkerAllocationConfig,
+                              token: str) -> tuple[SbatchSpec, dict[str, tuple[str | bytes, int]],
+                                                   dict[str, Any], dict[str, Any]]:
+    """What submitting the worker allocation ``resolved`` (a resolved configuration) under
+    ``token`` sends: its sbatch request, the files written first (batch script and the step
+    server it starts when elected to host the head), the configuration snapshot recorded
+    and the request's shape (its sbatch options). Pure rendering; the session's launcher
+    must be a RayLauncher."""
+    spec, files = worker_submission(paths=session.paths, job_name=session.job_name,
+                                    launcher=session.launcher, config=resolved,
+                                    activation=session.activation(), token=token)
+    files[f"{session.paths.submit_dir(token)}/step_server.sh"] = _step_server(session, token)
+    return spec, files, resolved.snapshot(), _shape(spec)
+
+
 def add_worker_allocation(session: RunSession, config: SlurmWorkerAllocationConfig,
                           logger: Any = None) -> WorkerAllocation:
     """Submit a worker allocation of ``session``; see the module docstring."""
@@ -95,11 +110,7 @@ def add_worker_allocation(session: RunSession, config: SlurmWorkerAllocationConf
         raise SessionError(tr.closed_message(doc, session.job_name))
     resolved = resolve_worker_config(config, first_worker(doc), session.queue)
     token = new_token()
-    spec, files = worker_submission(paths=session.paths, job_name=session.job_name,
-                                    launcher=launcher, config=resolved,
-                                    activation=session.activation(), token=token)
-    files[f"{session.paths.submit_dir(token)}/step_server.sh"] = _step_server(session, token)
-    snapshot, shape = resolved.snapshot(), _shape(spec)
+    spec, files, snapshot, shape = prepare_worker_submission(session, resolved, token)
     decided = wt.submit_worker(doc, token=token, config=snapshot, shape=shape,
                                job_name=session.job_name)
     if isinstance(decided, tr.Refused):

@@ -285,6 +285,29 @@ def squeue_argv(
     return argv
 
 
+#: ``squeue --Format`` fields of :func:`squeue_observe_argv`: those of :data:`SQUEUE_FIELDS`
+#: plus the trackable resources the scheduler reports (``tres-alloc``: the grant once a job
+#: runs), which ``--format`` cannot print. The comment stays last.
+SQUEUE_OBSERVE_FIELDS: tuple[str, ...] = (
+    "JobID", "Name", "State", "Reason", "TimeLeft", "TimeLimit", "StartTime", "EndTime",
+    "NodeList", "NumNodes", "tres-per-node", "Partition", "NumCPUs", "MinMemory", "TimeUsed",
+    "tres-alloc", "Comment",
+)
+
+
+def squeue_observe_argv(job_names: Iterable[str]) -> list[str]:
+    """``squeue`` argv listing every job of ``job_names`` in every state with
+    :data:`SQUEUE_OBSERVE_FIELDS`, ``|``-separated with a header line (``--Format`` with a
+    ``|`` suffix per field; parse with :func:`~dagster_slurm.slurm.parsers.parse_squeue`,
+    which reads such output by column name)."""
+    names, _ = _names_and_ids(job_names, None)
+    if not names:
+        raise ConfigurationError("job_names", job_names, "give at least one job name")
+    fields = ",".join(f"{name}:|" for name in SQUEUE_OBSERVE_FIELDS)
+    return ["squeue", f"--Format={fields}", "--states=all",
+            f"--name={','.join(dict.fromkeys(names))}"]
+
+
 def sacct_argv(job_ids: Sequence[str | int]) -> list[str]:
     """``sacct`` argv for the given jobs, allocation and step lines, in :data:`SACCT_FIELDS`.
 

@@ -95,6 +95,10 @@ class SqueueRecord:
     """Time used so far."""
     comment: str | None
     """``--comment`` text, None when unset."""
+    tres_alloc: str | None = None
+    """Trackable resources the scheduler reports for the job (``cpu=2,mem=2000M,node=1,
+    gres/gpu=1``): the grant once it runs, the request before. Only listed by
+    :func:`~dagster_slurm.slurm.commands.squeue_observe_argv` (None otherwise)."""
 
 
 _SQUEUE_HEADERS: dict[str, str] = {
@@ -115,6 +119,7 @@ _SQUEUE_HEADERS: dict[str, str] = {
     "MIN_MEMORY": "min_memory",
     "TIME": "elapsed",
     "COMMENT": "comment",
+    "TRES_ALLOC": "tres_alloc",
 }
 _DEFAULT_COLUMNS: tuple[str, ...] = tuple(name for name, _ in SQUEUE_FIELDS)
 
@@ -131,8 +136,12 @@ def parse_squeue(text: object) -> list[SqueueRecord]:
     lines = [line for line in text.splitlines() if line.strip()]
     columns = _DEFAULT_COLUMNS
     if lines and lines[0].split("|", 1)[0].strip().upper() == "JOBID":
-        columns = tuple(_SQUEUE_HEADERS.get(h.strip().upper(), "") for h in lines[0].split("|"))
-        lines = lines[1:]
+        header = lines[0]
+        # ``squeue -O 'field:|,...'`` ends every line with the separator: drop that one
+        trailing = header.endswith("|")
+        columns = tuple(_SQUEUE_HEADERS.get(h.strip().upper(), "")
+                        for h in (header[:-1] if trailing else header).split("|"))
+        lines = [line[:-1] if trailing and line.endswith("|") else line for line in lines[1:]]
     records = []
     for line in lines:
         cells = line.split("|", len(columns) - 1)
@@ -172,6 +181,7 @@ def _squeue_record(values: Mapping[str, str]) -> SqueueRecord | None:
         min_memory_bytes=parse_size_bytes(values.get("min_memory"), default_unit="M"),
         elapsed_seconds=parse_duration(values.get("elapsed")),
         comment=optional_text(values.get("comment"), none_values=frozenset({"(null)"})),
+        tres_alloc=optional_text(values.get("tres_alloc"), none_values=_NONE),
     )
 
 

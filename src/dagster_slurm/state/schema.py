@@ -41,7 +41,8 @@ Worker: ``job_id``, ``role`` (``worker``), ``intent`` (key of the intent that ow
 None), ``token``, ``submitted_at`` (None unless submitted by intent reconciliation),
 ``drain_deadline`` (persisted before a drain starts), ``released``, ``config``, ``nodes``,
 ``ray_node_ids`` (Slurm node name -> Ray node id), ``final_state`` (the scheduler state it
-ended in, when known at its release) and ``released_at``.
+ended in, when known at its release), ``released_at`` and ``reconciled`` (True when
+``reconcile_workers`` submitted it: then ``submitted_at`` counts for ``pending_timeout``).
 Submission (in flight): ``token``, ``status`` (``submitting`` ->
 ``submitted``/``failed``/``unknown``), ``submitted_at`` (when it started), ``finished_at``,
 ``job_id``, ``rc``, ``error``, ``kind``, ``intent``, ``shape`` (the sbatch options it was
@@ -108,6 +109,7 @@ class Worker(_Record):
     ray_node_ids: dict[str, str] = Field(default_factory=dict)
     final_state: str | None = None
     released_at: float | None = None
+    reconciled: bool = False
 
 
 class Submission(_Record):

@@ -102,6 +102,10 @@ WORKER_TRANSITIONS: tuple[Edge[WorkerState], ...] = (
          "removal of an allocation that has not joined yet: the deadline is persisted"),
     Edge(W.JOINED, "request_worker_drain", W.DRAINING,
          "removal (or the pre-walltime signal): the deadline is persisted before Ray drains"),
+    Edge(W.SUBMITTED, "assign_worker_intent", W.SUBMITTED,
+         "the application moves the allocation into an intent, or out of every intent"),
+    Edge(W.JOINED, "assign_worker_intent", W.JOINED,
+         "the application moves the allocation into an intent, or out of every intent"),
     Edge(W.SUBMITTED, "release_worker", W.RELEASED,
          "the job ended or was cancelled before its nodes joined a head"),
     Edge(W.JOINED, "release_worker", W.RELEASED,
@@ -164,18 +168,27 @@ def _unread(name: str) -> Refused:
 
 # -- records written by the agent's submit operation ---------------------------------------------
 def worker_submission_record(config: Mapping[str, Any], shape: Mapping[str, Any],
-                             intent: str | None = None) -> dict[str, Any]:
+                             intent: str | None = None,
+                             reconciled: bool = False) -> dict[str, Any]:
     """The fields the session adds to a worker's submission record (``record_value`` of
     the agent's submit operation; the agent adds ``token``, ``status``, ``submitted_at``):
-    the resolved configuration and the sbatch options it is submitted with."""
-    return {"kind": "worker", "intent": intent, "shape": dict(shape), "config": dict(config)}
+    the resolved configuration and the sbatch options it is submitted with; ``reconciled``
+    when ``reconcile_workers`` submits it for ``intent``."""
+    record = {"kind": "worker", "intent": intent, "shape": dict(shape), "config": dict(config)}
+    if reconciled:
+        record["reconciled"] = True
+    return record
 
 
-def worker_record_value(config: Mapping[str, Any], intent: str | None = None) -> dict[str, Any]:
+def worker_record_value(config: Mapping[str, Any], intent: str | None = None,
+                        reconciled: bool = False) -> dict[str, Any]:
     """The worker record's fields (the ``on_submitted`` value of the agent's submit
     operation; the agent adds ``job_id``, ``token`` and ``submitted_at``)."""
-    return {"role": "worker", "intent": intent, "config": dict(config), "released": False,
-            "nodes": [], "ray_node_ids": {}}
+    record = {"role": "worker", "intent": intent, "config": dict(config), "released": False,
+              "nodes": [], "ray_node_ids": {}}
+    if reconciled:
+        record["reconciled"] = True
+    return record
 
 
 def _submission(token: str) -> str:
@@ -219,8 +232,9 @@ def _settled(doc: SessionDocument, name: str, token: str, job_id: str,
     if job_id in doc.workers:
         return Refused(name, f"job {job_id} already has a worker record")
     pointer = _submission(token)
-    record = dict(worker_record_value(submission.config, submission.intent), job_id=job_id,
-                  token=token, submitted_at=submission.submitted_at)
+    reconciled = bool((submission.model_extra or {}).get("reconciled"))
+    record = dict(worker_record_value(submission.config, submission.intent, reconciled),
+                  job_id=job_id, token=token, submitted_at=submission.submitted_at)
     return Change(name, (
         {"op": "test", "path": f"{pointer}/status", "value": submission.status},
         {"op": "absent", "path": _worker(job_id)},
@@ -341,10 +355,12 @@ def record_worker_joined(doc: SessionDocument | None, *, job_id: str, nodes: lis
 
 
 def request_worker_drain(doc: SessionDocument | None, *, job_id: str,
-                         drain_timeout: float) -> Outcome:
+                         drain_timeout: float = 0.0, deadline: float | None = None,
+                         intent: str | None = None) -> Outcome:
     """SUBMITTED/JOINED -> DRAINING: persist the drain deadline, ``drain_timeout`` seconds
-    from the store's clock, before the drain starts. Refused when a drain was requested
-    already (its deadline holds: the caller waits for it)."""
+    from the store's clock (or the absolute ``deadline``, login node epoch seconds), before
+    the drain starts. With ``intent`` the record must still belong to that intent. Refused
+    when a drain was requested already (its deadline holds: the caller waits for it)."""
     name = "request_worker_drain"
     if not drain_timeout >= 0:
         raise ValueError(f"drain_timeout={drain_timeout!r}: must be 0 or more seconds")
@@ -356,9 +372,13 @@ def request_worker_drain(doc: SessionDocument | None, *, job_id: str,
                                  f"{record.drain_deadline:.0f} (epoch seconds); wait for it")
         return refused
     assert doc is not None
+    owned = () if intent is None else (
+        {"op": "test", "path": _worker(job_id, "intent"), "value": intent},)
+    value = ({"value_now": drain_timeout} if deadline is None else {"value": float(deadline)})
     return Change(name, (
         *_live(doc, job_id),
-        {"op": "add", "path": _worker(job_id, "drain_deadline"), "value_now": drain_timeout},
+        *owned,
+        {"op": "add", "path": _worker(job_id, "drain_deadline"), **value},
     ))
 
 
@@ -401,3 +421,30 @@ def live_workers(doc: SessionDocument | None) -> dict[str, Worker]:
     if doc is None:
         return {}
     return {job_id: record for job_id, record in doc.workers.items() if not record.released}
+
+
+def assign_worker_intent(doc: SessionDocument | None, *, job_id: str,
+                         intent: str | None) -> Outcome:
+    """SUBMITTED/JOINED -> same: move the live worker allocation ``job_id`` into ``intent``
+    (None: out of every intent). Refused for a released allocation and for one being
+    released (it keeps its intent until it ends). The record's ``reconciled`` mark is
+    cleared: an allocation that joins an intent has no submission time for
+    ``pending_timeout``."""
+    name = "assign_worker_intent"
+    if doc is None:
+        return _unread(name)
+    record = doc.workers.get(job_id)
+    if record is None:
+        return Refused(name, f"the session has no worker allocation with job id {job_id!r}")
+    if record.released:
+        return Refused(name, f"worker allocation {job_id} was released from the session")
+    if record.drain_deadline is not None:
+        return Refused(name, f"worker allocation {job_id} is being released (its drain "
+                             f"deadline is {record.drain_deadline:.0f}); it keeps its intent "
+                             f"{record.intent!r} until it ends")
+    return Change(name, (
+        *_live(doc, job_id),
+        _as_read(doc, job_id, "intent"),
+        {"op": "add", "path": _worker(job_id, "intent"), "value": intent},
+        {"op": "add", "path": _worker(job_id, "reconciled"), "value": False},
+    ))

@@ -12,14 +12,16 @@ would (or nothing, with ``accounting_answers`` False).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.agent.results import TxnResult
-from dagster_slurm.errors import SchedulerError
+from dagster_slurm.errors import SchedulerError, TransportError
 from dagster_slurm.scheduler.client import StatusSnapshot, SubmittedJob
+from dagster_slurm.session.batch_io import Cancel, Observation, Signal, Step, StepOutcome, Txn
 from dagster_slurm.session.io import DocumentRead, FilesPoll, ReadyPoll
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -73,6 +75,8 @@ class FakeJob:
     reason: str | None = "Priority"
     nodes: tuple[str, ...] = ()
     ready: str | None = None
+    time_left: float = 600.0
+    tres: str | None = "cpu=2,mem=4000M,node=1,billing=2"
 
 
 @dataclass
@@ -103,6 +107,11 @@ class FakeCluster:
     on_signal: Callable[[FakeJob, str], None] | None = None
     accounting_answers: bool = True
     """False: sacct knows nothing (it lags, or accounting is off)."""
+    lose_submit_answer: bool = False
+    """``act``: the next submission's job is queued but its job id is not recorded and the
+    round trip fails (a connection cut right after sbatch)."""
+    acts: list[list[Any]] = field(default_factory=list)
+    """The steps of every ``act`` call."""
 
     def __post_init__(self) -> None:
         self.store = MemoryStateStore(self.initial, clock=self.clock.wall)
@@ -254,6 +263,75 @@ class FakeCluster:
     def tail(self, path: str, lines: int) -> str:
         return "\n".join(self.files.get(path, "").splitlines()[-lines:])
 
+    def observe(self, lease_patch: Sequence[Mapping[str, Any]] | None) -> Observation:
+        self._count("observe")
+        lease_ok = lease_doc = None
+        if lease_patch is not None:
+            txn = self.store.transact(list(lease_patch))
+            lease_ok, lease_doc = txn.ok, txn.doc
+        snap = self.store.snapshot()
+        doc = tr.document(snap.doc, str(self.initial["job_name"]))
+        known = [] if doc is None else [
+            *(r.job_id for r in (doc.allocation, doc.successor) if r is not None and r.job_id),
+            *(j for j, w in doc.workers.items() if not w.released)]
+        status = self._snapshot([str(self.initial["job_name"])], known)
+        if status.certain:
+            status = dataclasses.replace(status, accounting=self.accounting(
+                [j for j in status.absent if j in self.jobs]))
+        return Observation(doc, status, dict(self.files), snap.now, lease_ok, lease_doc)
+
+    def act(self, steps: Sequence[Step]) -> list[StepOutcome]:
+        self._count("act")
+        self.acts.append(list(steps))
+        outcomes: list[StepOutcome] = []
+        for step in steps:
+            if step.after is not None and not outcomes[step.after].ok:
+                outcomes.append(StepOutcome(False, skipped=True, error="skipped"))
+                continue
+            outcomes.append(self._step(step))
+        return outcomes
+
+    def _step(self, step: Step) -> StepOutcome:
+        if isinstance(step, Txn):
+            result = self.store.transact(list(step.patch))
+            return StepOutcome(result.ok, doc=result.doc,
+                               error=None if result.ok else f"conflict: {result.conflict}")
+        if isinstance(step, Cancel):
+            if not self.queue_answers:
+                return StepOutcome(False, error="scancel: the controller does not answer")
+            gone = all(j not in self.jobs or not self.jobs[j].state.active for j in step.job_ids)
+            self.cancel(list(step.job_ids))
+            return StepOutcome(not gone, gone=gone)
+        if isinstance(step, Signal):
+            try:
+                sent = self.signal_batch(step.job_id, step.signal, step.files)
+            except SchedulerError as exc:
+                return StepOutcome(False, error=str(exc))
+            return StepOutcome(sent, gone=not sent)
+        if self.lose_submit_answer:
+            self.lose_submit_answer = False
+            decided = wt.submit_worker(tr.document(self.store.snapshot().doc), token=step.token,
+                                       config=step.record_value.get("config", {}), shape={},
+                                       intent=step.record_value.get("intent"))
+            assert isinstance(decided, tr.Change)
+            patch = [dict(op) for op in decided.patch]
+            for op in patch:  # the record as the agent writes it, with the extra fields
+                if op.get("op") == "add" and op.get("path") == f"{wt.SUBMISSIONS}/{step.token}":
+                    op["value"] = dict(step.record_value, token=step.token, status="submitting")
+            assert self.store.transact([*step.guards, *patch]).ok
+            job_id = str(self.next_id)
+            self.next_id += 1
+            self.jobs[job_id] = FakeJob(job_id, str(self.initial["job_name"]), step.token)
+            raise TransportError("the connection was cut after sbatch")
+        try:
+            job = self.submit(step.spec, files=step.files, token=step.token,
+                              record_value=step.record_value, create=step.create,
+                              record=step.record, guards=step.guards,
+                              on_submitted=step.on_submitted)
+        except (SubmitGuardFailed, SubmissionInDoubt, SchedulerError) as exc:
+            return StepOutcome(False, error=f"{type(exc).__name__}: {exc}")
+        return StepOutcome(True, job_id=job.job_id)
+
     def read_lines(self, path: str) -> list[str]:
         self._count("read_lines")
         job_id = path.rstrip("/").split("/")[-2]
@@ -287,11 +365,11 @@ class FakeCluster:
 def _record(job: FakeJob) -> SqueueRecord:
     return SqueueRecord(
         job_id=job.job_id, name=job.name, state=job.state, raw_state=job.state.value,
-        reason=job.reason, time_left_seconds=600.0, time_limit_seconds=600.0,
+        reason=job.reason, time_left_seconds=job.time_left, time_limit_seconds=600.0,
         start_time=None, end_time=None, node_list=",".join(job.nodes) or None,
         nodes=job.nodes, num_nodes=max(1, len(job.nodes)), tres_per_node=None,
         partition="cpu", cpus=2, min_memory_bytes=None, elapsed_seconds=0.0,
-        comment=job.token,
+        comment=job.token, tres_alloc=job.tres,
     )
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from .common import OpContext, OpError
 from .document import op_read, op_txn
 from .files import op_exec, op_mkdir, op_remove, op_tail, op_write_file
+from .observe import op_observe_session
 from .scheduler import op_job_status, op_submit
 
 PROTOCOL_VERSION = 1
@@ -48,6 +49,7 @@ EXIT_INTERNAL = 3
 HANDLERS: dict = {
     "exec": op_exec,
     "job_status": op_job_status,
+    "observe_session": op_observe_session,
     "txn": op_txn,
     "read": op_read,
     "tail": op_tail,
