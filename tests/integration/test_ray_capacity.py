@@ -9,9 +9,12 @@ with the stable snapshot of the two released lanes, and place its actors on them
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,20 +29,37 @@ LANES = 4
 NEED = {"lane": 1, "CPU": 0.5}
 
 
+#: Environment of the local Ray: not the cluster a RAY_ADDRESS names; no usage report;
+#: token authentication off, since a new local ray.init() otherwise writes a token to
+#: ~/.ray/auth_token, which every later `ray start` of this user picks up.
+RAY_ENVIRONMENT = {"RAY_ADDRESS": None, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    saved = os.environ.pop("RAY_ADDRESS", None)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    temp_dir = f"/tmp/dsrcap-{os.getpid()}"  # short: Ray's socket paths are limited to 107 bytes
-    ray.init(num_cpus=LANES, num_gpus=0, resources={"lane": LANES}, include_dashboard=False,
-             _node_ip_address="127.0.0.1", object_store_memory=100 * 1024 * 1024,
-             _temp_dir=temp_dir, log_to_driver=False, logging_level="ERROR")
+def local_ray() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in RAY_ENVIRONMENT}
+    token = Path.home() / ".ray" / "auth_token"
+    token_existed = token.exists()
+    for name, value in RAY_ENVIRONMENT.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    temp_dir = tempfile.mkdtemp(prefix="dsrcap-", dir="/tmp")  # short: socket paths <= 107 bytes
     try:
+        ray.init(num_cpus=LANES, num_gpus=0, resources={"lane": LANES}, include_dashboard=False,
+                 _node_ip_address="127.0.0.1", object_store_memory=100 * 1024 * 1024,
+                 _temp_dir=temp_dir, log_to_driver=False, logging_level="ERROR")
         yield
     finally:
         ray.shutdown()
-        if saved is not None:
-            os.environ["RAY_ADDRESS"] = saved
+        for name, value in saved.items():  # ray.init may have set some of them itself
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert token_existed or not token.exists(), f"the local Ray wrote {token}"
 
 
 @ray.remote(num_cpus=0.5, resources={"lane": 1})
