@@ -110,8 +110,9 @@ def run_with_ray_reserve_topup(
     Returns ``(primary_result, reserve_result)`` once both have ended. ``reserve_result``
     is None when the reserve did not run: the capacity was not stable within
     ``timeout_seconds``, or the provider kept failing until the retries ran out (logged as
-    a warning on ``dagster_slurm.ray``; the primary's result is kept). The caller then
-    still holds the reserve slice and decides what to do with it.
+    a warning on ``dagster_slurm.ray``; the primary's result is kept); or ``reserve``
+    itself returned None. Without a reserve run the caller still holds the reserve slice
+    and decides what to do with it.
 
     * The watch does not end when ``primary`` returns: its own resources are then released
       too, so the reserve may start on them, until ``timeout_seconds``. The call returns
