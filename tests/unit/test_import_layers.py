@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("slurm", "transport"),
     ("agent",),
     ("state", "scheduler"),
-    ("pipes", "launchers", "environment", "resources"),
+    ("pipes", "launchers", "environment", "resources", "ray"),
     ("jobs",),
     ("session",),
     ("compute",),
