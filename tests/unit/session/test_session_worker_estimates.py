@@ -386,3 +386,23 @@ def test_the_agent_probes_every_spec_and_reads_the_document_in_one_round_trip(
     start = datetime(2099, 1, 1, tzinfo=timezone.utc).timestamp()
     assert gpu.start_in_seconds == pytest.approx(start - time.time(), abs=60)
     assert gpu.nodes == ("g1",) and gpu.partition == "gpu"
+
+
+def test_the_session_resource_passes_the_contexts_session_on(monkeypatch: pytest.MonkeyPatch):
+    from dagster_slurm.session.resource import SlurmSessionResource
+
+    session, cluster = _session()
+    resource = SlurmSessionResource(slurm=session.slurm, launcher=RayLauncher())
+    contexts: list[object] = []
+
+    def get_session(self: SlurmSessionResource, context: object) -> RunSession:
+        contexts.append(context)
+        return session
+
+    monkeypatch.setattr(SlurmSessionResource, "get_session", get_session)
+    context = object()
+    candidates = [Worker(partition="gpu")]
+    assert resource.worker_sbatch_options(context, candidates) == session.worker_sbatch_options(
+        candidates)
+    (estimate,) = resource.estimate_worker_starts(context, candidates, _estimator(cluster))
+    assert estimate.start_in_seconds == pytest.approx(1800) and contexts == [context, context]
