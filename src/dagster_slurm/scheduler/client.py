@@ -22,6 +22,8 @@ from typing import Any
 from dagster_slurm.agent import (
     AgentClient,
     AgentOp,
+    AgentOpError,
+    PendingResult,
     exec_op,
     job_status_op,
     submit_op,
@@ -48,6 +50,7 @@ from dagster_slurm.slurm import (
     scontrol_show_config_argv,
     squeue_argv,
 )
+from dagster_slurm.slurm.test_only import TEST_ONLY_ENV, TEST_ONLY_SCRIPT, unanswered
 from dagster_slurm.transport.base import CommandResult
 
 log = logging.getLogger("dagster_slurm.scheduler")
@@ -55,7 +58,8 @@ log = logging.getLogger("dagster_slurm.scheduler")
 
 @dataclass
 class SchedulerStats:
-    """How many scheduler RPCs (sbatch, squeue, sacct, scancel, scontrol) this client caused."""
+    """How many scheduler RPCs (sbatch, squeue, sacct, scancel, scontrol) this client caused;
+    an ``sbatch --test-only`` of a start estimate counts as ``sbatch_test``."""
 
     calls: int = 0
     by_command: dict[str, int] = field(default_factory=dict)
@@ -346,6 +350,26 @@ class SlurmScheduler:
         argv = sbatch_argv(spec, test_only=True, script_on_stdin=True)
         result = self._exec(argv, "sbatch", check=False, stdin="#!/bin/sh\ntrue\n")
         return parse_test_only(result.stderr + result.stdout, result.exit_code)
+
+    def test_only_op(self, spec: SbatchSpec, *, timeout: float = 30.0) -> AgentOp[ExecResult]:
+        """``sbatch --test-only`` for ``spec`` as an agent op, to send several in one batch:
+        the script on standard input (:data:`~dagster_slurm.slurm.test_only.TEST_ONLY_SCRIPT`),
+        the start time printed in UTC (:data:`~dagster_slurm.slurm.test_only.TEST_ONLY_ENV`).
+        Read its result with :meth:`test_only_answer`."""
+        argv = sbatch_argv(spec, test_only=True, script_on_stdin=True)
+        return exec_op(argv, stdin=TEST_ONLY_SCRIPT, env=TEST_ONLY_ENV, timeout=timeout)
+
+    def test_only_answer(self, pending: PendingResult[ExecResult]) -> TestOnlyResult:
+        """The answer of a :meth:`test_only_op` that ran in a batch (counts one
+        ``sbatch_test`` call); its ``start_time`` is UTC (see
+        :func:`~dagster_slurm.slurm.test_only.start_epoch`). A call that timed out or could
+        not run gives no verdict: ``runnable`` None and the agent's message as ``error``."""
+        self.stats.count("sbatch_test")
+        try:
+            result = pending.result()
+        except AgentOpError as exc:
+            return unanswered(f"sbatch --test-only gave no answer: {exc}")
+        return parse_test_only(result.stderr + result.stdout, result.rc)
 
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict, fetched once per scheduler."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dagster_slurm.agent import exec_op, tail_op, write_file_op
+from dagster_slurm.agent import exec_op, read_op, tail_op, write_file_op
 from dagster_slurm.agent.results import TailRequest, TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
@@ -22,6 +22,7 @@ from dagster_slurm.session.batch_io import Observation, Step, StepOutcome, agent
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec, scancel_argv
+from dagster_slurm.slurm.test_only import TestOnlyResult
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.store import AgentStateStore, StateStore
@@ -75,6 +76,18 @@ class FilesPoll:
 
     texts: Mapping[str, str | None]
     status: StatusSnapshot | None
+
+
+@dataclass(frozen=True)
+class StartProbe:
+    """One round trip of start estimates: ``sbatch --test-only``'s answer for each
+    request, in order (``start_time`` in UTC, see
+    :func:`~dagster_slurm.slurm.test_only.start_epoch`), the session document when it was
+    asked for (None otherwise) and the login node's clock after the last answer."""
+
+    answers: tuple[TestOnlyResult, ...]
+    document: DocumentRead | None
+    now: float
 
 
 class SessionIO(Protocol):
@@ -133,6 +146,10 @@ class SessionIO(Protocol):
 
     def accounting(self, job_ids: Sequence[str]) -> Mapping[str, SacctRecord]:
         """sacct for the jobs, by job id (empty when sacct failed or knows none of them)."""
+
+    def probe_starts(self, specs: Sequence[SbatchSpec], *, with_document: bool) -> StartProbe:
+        """``sbatch --test-only`` for each of ``specs`` (nothing is queued) and, with
+        ``with_document``, the session document read first (one round trip)."""
 
     def tail(self, path: str, lines: int) -> str:
         """The last ``lines`` lines of a file on the cluster (``""`` when missing)."""
@@ -277,6 +294,18 @@ class AgentSessionIO:
 
     def act(self, steps: Sequence[Step]) -> list[StepOutcome]:
         return agent_act(self.slurm, self.paths, self.initial, steps)
+
+    def probe_starts(self, specs: Sequence[SbatchSpec], *, with_document: bool) -> StartProbe:
+        scheduler = self.scheduler
+        with scheduler.agent.batch() as batch:
+            read = batch.add(read_op(self.paths.document)) if with_document else None
+            probes = [batch.add(scheduler.test_only_op(spec)) for spec in specs]
+        now = batch.response.now if batch.response is not None else 0.0
+        answers = tuple(scheduler.test_only_answer(probe) for probe in probes)
+        document_read = None
+        if read is not None:
+            document_read = DocumentRead(document(read.result().doc, self._job_name), now)
+        return StartProbe(answers, document_read, now)
 
     def tail(self, path: str, lines: int) -> str:
         from dagster_slurm.session.allocation import last_lines

@@ -17,6 +17,7 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.allocation import SlurmAllocation
 from dagster_slurm.session.config import SlurmRunAllocationConfig
 from dagster_slurm.session.errors import SlurmStepExecutionResult
+from dagster_slurm.session.estimates import WorkerStartEstimate, WorkerStartEstimator
 from dagster_slurm.session.intents import ReconcileResult, WorkerIntent
 from dagster_slurm.session.run_layout import RunLayout, session_resource_layout
 from dagster_slurm.session.session import RunSession
@@ -38,7 +39,9 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     ``submit_successor`` / ``promote_successor`` carry the run on in a successor allocation
     (the session's methods of the same names); ``add_worker_allocation``,
     ``wait_for_worker_allocation``, ``remove_worker_allocation`` and ``worker_allocations``
-    grow and shrink its Ray cluster with worker allocations. The
+    grow and shrink its Ray cluster with worker allocations, and ``worker_sbatch_options``
+    and ``estimate_worker_starts`` tell what candidate worker allocations would request and
+    when the scheduler expects them to start. The
     allocation is cancelled at the run's teardown (see :mod:`dagster_slurm.session.lifecycle`).
 
     ``session_class`` (a class attribute, not configuration): the :class:`RunSession`
@@ -243,6 +246,20 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
             command, name=name, env=env, raise_on_error=raise_on_error,
             logger=getattr(context, "log", None),
         )
+
+    def worker_sbatch_options(self, context: Any,
+                              candidates: Sequence[SlurmWorkerAllocationConfig]) -> list[list[str]]:
+        """For each candidate, the sbatch options ``add_worker_allocation`` would submit for
+        the context's run; see :meth:`RunSession.worker_sbatch_options`."""
+        return self.get_session(context).worker_sbatch_options(candidates)
+
+    def estimate_worker_starts(self, context: Any,
+                               candidates: Sequence[SlurmWorkerAllocationConfig],
+                               estimator: WorkerStartEstimator | None = None
+                               ) -> list[WorkerStartEstimate]:
+        """The scheduler's start estimate for each candidate worker allocation of the
+        context's run; see :meth:`RunSession.estimate_worker_starts`."""
+        return self.get_session(context).estimate_worker_starts(candidates, estimator)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self.slurm.acquire()

@@ -78,6 +78,7 @@ from dagster_slurm.state.schema import Allocation, new_session_document
 from dagster_slurm.state.store import StateStore
 
 if TYPE_CHECKING:
+    from dagster_slurm.session.estimates import WorkerStartEstimate, WorkerStartEstimator
     from dagster_slurm.session.intents import ReconcileResult, WorkerIntent
     from dagster_slurm.session.snapshot import SessionSnapshot
     from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
@@ -409,6 +410,31 @@ class RunSession:
         from dagster_slurm.session.worker_removal import worker_allocations
 
         return worker_allocations(self)
+
+    # -- start estimates (session/estimates.py) --------------------------------------------
+    def worker_sbatch_options(self, candidates: Sequence[SlurmWorkerAllocationConfig]
+                              ) -> list[list[str]]:
+        """For each candidate (a ``SlurmWorkerAllocationConfig``), the sbatch options
+        :meth:`add_worker_allocation` would submit now: inherited fields resolved, without
+        the batch script's path and the per-submission ``--comment`` token. One read of the
+        session document; nothing is submitted."""
+        from dagster_slurm.session.estimates import worker_sbatch_options
+
+        return worker_sbatch_options(self, candidates)
+
+    def estimate_worker_starts(self, candidates: Sequence[SlurmWorkerAllocationConfig],
+                               estimator: WorkerStartEstimator | None = None
+                               ) -> list[WorkerStartEstimate]:
+        """The scheduler's start estimate for each candidate worker allocation, in order
+        (a ``WorkerStartEstimate``: ``start_in_seconds`` against the login node's clock,
+        ``time_limit_seconds``, ``error`` for a rejected candidate, ``starts_within``).
+        ``estimator``: any object with ``estimate(session, candidates)``; None: a shared
+        ``SbatchTestOnlyEstimator()`` (``sbatch --test-only`` for all candidates in one SSH
+        round trip, at most 8 per call, answers reused for 60 s). Nothing is queued or
+        reserved."""
+        from dagster_slurm.session.estimates import estimate_worker_starts
+
+        return estimate_worker_starts(self, candidates, estimator)
 
     def _begin_use(self) -> None:
         with self._lock:

@@ -1,9 +1,10 @@
-"""Parsers for the output of ``sbatch``, ``squeue``, ``sbatch --test-only`` and ``scontrol``.
+"""Parsers for the output of ``sbatch``, ``squeue`` and ``scontrol``.
 
 Text in, records out; no I/O. Every parser accepts any string and never raises. A field
 that cannot be read becomes None (never ``0``, ``False`` or ``""``), so "unknown" stays
 distinguishable from a real zero. Times are naive datetimes in the cluster's local time.
-``sacct`` output is handled by :mod:`dagster_slurm.slurm.accounting` (re-exported here).
+``sacct`` output is handled by :mod:`dagster_slurm.slurm.accounting` and ``sbatch --test-only``
+output by :mod:`dagster_slurm.slurm.test_only` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dagster_slurm.slurm.accounting import SacctRecord, SacctStep, parse_sacct
 from dagster_slurm.slurm.commands import SQUEUE_FIELDS
 from dagster_slurm.slurm.hostlist import expand_hostlist
 from dagster_slurm.slurm.states import JobState
+from dagster_slurm.slurm.test_only import TestOnlyResult, parse_test_only
 from dagster_slurm.slurm.units import optional_text, parse_int, parse_size_bytes, parse_timestamp
 from dagster_slurm.slurm.walltime import parse_duration
 
@@ -217,81 +219,3 @@ def min_job_age_seconds(config: Mapping[str, str]) -> int | None:
         value = next((v for k, v in config.items() if k.lower() == "minjobage"), None)
     match = _MIN_JOB_AGE.fullmatch(value.strip()) if isinstance(value, str) else None
     return int(match.group(1)) if match is not None else None
-
-
-@dataclass(frozen=True)
-class TestOnlyResult:
-    """What ``sbatch --test-only`` said about a job; fields it did not state are None."""
-
-    __test__ = False  # not a pytest test class, despite the name
-
-    runnable: bool | None
-    """True when Slurm gave a start estimate, False when it refused the request, None when
-    the output said neither."""
-    job_id: str | None
-    """The (consumed, never used) job id of the estimate."""
-    start_time: datetime | None
-    """Expected start (cluster local time); may lie in the future when nodes are busy."""
-    processors: int | None
-    """Processors the job would get."""
-    node_list: str | None
-    """Nodes it would run on, compact form."""
-    nodes: tuple[str, ...] | None
-    """``node_list`` expanded."""
-    partition: str | None
-    """Partition it would run in (the first fitting one of a list)."""
-    error: str | None
-    """Why it cannot run, e.g. ``Requested node configuration is not available``."""
-
-
-_TEST_ONLY_JOB = re.compile(r"\bJob ([0-9]+(?:[_+][0-9]+)?) to start at (\S+)")
-_TEST_ONLY_CPUS = re.compile(r"\busing ([0-9]+) processors?\b")
-_TEST_ONLY_NODES = re.compile(r"\bon nodes (\S+)")
-_TEST_ONLY_PARTITION = re.compile(r"\bin partition (\S+)")
-_ALLOCATION_FAILURE = re.compile(r"allocation failure:\s*(.+)")
-_SBATCH_ERROR = re.compile(r"sbatch: error:\s*(?:Batch job submission failed:\s*)?(.+)")
-
-
-def parse_test_only(stderr: object, exit_code: int | None) -> TestOnlyResult:
-    """Read ``sbatch --test-only`` output (Slurm writes it to stderr) and its exit code.
-
-    A non-zero ``exit_code`` means not runnable; ``exit_code`` None means unknown, and
-    the text alone decides. ``error`` prefers the ``allocation failure:`` message, then the
-    last ``sbatch: error:`` message, then (for a non-zero exit) the last line.
-    """
-    text = stderr if isinstance(stderr, str) else ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    estimate = next((m for m in map(_TEST_ONLY_JOB.search, lines) if m is not None), None)
-    line = estimate.string if estimate is not None else ""
-    error = _test_only_error(lines, failed=exit_code not in (0, None))
-    if exit_code not in (0, None) or (estimate is None and error is not None):
-        runnable: bool | None = False
-    else:
-        runnable = True if estimate is not None else None
-    node_list = _group(_TEST_ONLY_NODES, line)
-    return TestOnlyResult(
-        runnable=runnable,
-        job_id=estimate.group(1) if estimate is not None else None,
-        start_time=parse_timestamp(estimate.group(2)) if estimate is not None else None,
-        processors=parse_int(_group(_TEST_ONLY_CPUS, line)),
-        node_list=node_list,
-        nodes=expand_hostlist(node_list) if node_list is not None else None,
-        partition=_group(_TEST_ONLY_PARTITION, line),
-        error=error if runnable is not True else None,
-    )
-
-
-def _group(pattern: re.Pattern[str], line: str) -> str | None:
-    match = pattern.search(line)
-    return match.group(1) if match is not None else None
-
-
-def _test_only_error(lines: list[str], *, failed: bool) -> str | None:
-    for line in lines:
-        match = _ALLOCATION_FAILURE.search(line)
-        if match is not None:
-            return match.group(1).strip()
-    errors = [m.group(1).strip() for m in map(_SBATCH_ERROR.search, lines) if m is not None]
-    if errors:
-        return errors[-1]
-    return lines[-1] if failed and lines else None
