@@ -4,7 +4,7 @@
 :class:`~dagster_slurm.session.io.SessionIO`:
 
 * ``observe(lease_patch)``: optionally a transaction (``reconcile_workers`` takes its lease
-  there), then the agent's ``observe_session`` (the session document, one ``squeue`` for the
+  there; when it fails the scheduler is not asked), then the agent's ``observe_session`` (the session document, one ``squeue`` for the
   session's job name, ``sacct`` for known jobs that left the queue, the small files of
   every known job and the session's ``ray_head``), in one round trip: an
   :class:`Observation`.
@@ -131,16 +131,25 @@ def agent_observe(slurm: Any, paths: SessionPaths, job_name: str, initial: Mappi
         lease = batch.add(store.txn_op(list(lease_patch))) if lease_patch is not None else None
         observed = batch.add(observe_session_op(
             paths.document, squeue_observe_argv([job_name]), sacct_argv=sacct_base_argv(),
-            jobs_dir=f"{paths.session_dir}/jobs", job_files=JOB_FILES, files=[paths.ray_head]))
-    result = observed.result()
+            jobs_dir=f"{paths.session_dir}/jobs", job_files=JOB_FILES, files=[paths.ray_head]),
+            requires=[lease] if lease is not None else [])
     now = batch.response.now if batch.response else None
-    status = scheduler.snapshot(result.status, now)
-    files = {path: (f.data if f.exists else None) for path, f in result.files.items()}
     lease_ok = lease_doc = None
     if lease is not None:
         txn = lease.result()
         lease_ok, lease_doc = txn.ok, txn.doc
+        if not txn.ok:  # another process holds the lease: the scheduler is not asked
+            return Observation(document(txn.doc, job_name), unobserved(now), {}, now, False,
+                               txn.doc)
+    result = observed.result()
+    status = scheduler.snapshot(result.status, now)
+    files = {path: (f.data if f.exists else None) for path, f in result.files.items()}
     return Observation(document(result.doc, job_name), status, files, now, lease_ok, lease_doc)
+
+
+def unobserved(now: float | None) -> StatusSnapshot:
+    """The scheduler's answer when it was not asked (an uncertain, empty snapshot)."""
+    return StatusSnapshot(now, False, {}, {}, {}, (), "not asked: the lease is held elsewhere")
 
 
 def agent_act(slurm: Any, paths: SessionPaths, initial: Mapping[str, Any],

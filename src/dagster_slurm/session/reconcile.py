@@ -7,7 +7,8 @@
 
 1. Take the session's reconcile lease (``/leases/reconcile-workers``, 120 s) and observe the
    session, in one batch. While another process holds the lease the call waits (one
-   round trip per second, logged) and observes again once it was released or expired; a
+   transaction per try, a quarter to half a second apart, and no scheduler query; logged)
+   and observes again once it was released or expired; a
    dead holder blocks for at most the lease's lifetime.
 2. Decide (:func:`~dagster_slurm.session.reconcile_plan.plan_reconcile`, pure) and act, in
    one batch: settle interrupted submissions found by their token, record ended
@@ -24,6 +25,7 @@ not answer nothing is submitted, released or cancelled.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from dagster_slurm.errors import LockTimeout
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.scheduler.client import new_token
+from dagster_slurm.session import reconcile_plan as policy
 from dagster_slurm.session.batch_io import Cancel, Signal, Step, StepOutcome, Submit, Txn
 from dagster_slurm.session.errors import SessionError
 from dagster_slurm.session.intents import (
@@ -57,6 +60,8 @@ RECONCILE_LEASE = "reconcile-workers"
 RECONCILE_LEASE_TTL = 120.0
 #: Seconds a call waits for the lease before it gives up (LockTimeout).
 LEASE_WAIT = 300.0
+#: Seconds between two tries for a busy lease (plus up to as much again, at random).
+LEASE_POLL = 0.25
 
 
 def inspect(session: RunSession) -> SessionSnapshot:
@@ -110,7 +115,7 @@ def reconcile_workers(session: RunSession, intent: WorkerIntent,
         snapshot = build_snapshot(doc, observation.status, observation.files, session.paths)
         plan = plan_reconcile(intent, snapshot, now, observed=observed,
                               max_observation_age=max_observation_age, release=names,
-                              max_submissions=budget)
+                              max_submissions=budget, grace=policy.DRAIN_GRACE)
         steps, roles = _steps(session, intent, plan, doc, owner)
     except BaseException:
         _give_back(session, owner)
@@ -149,7 +154,8 @@ def _take_lease(session: RunSession, owner: str, out: ProgressLog) -> Any:
         if now_said != said:
             out.info(now_said)
             said = now_said
-        session._pause(1.0, "the session's reconcile lease")
+        # A busy lease costs one transaction per try, never a scheduler query.
+        session._pause(LEASE_POLL + random.uniform(0.0, LEASE_POLL), "the session's reconcile lease")
 
 
 def _give_back(session: RunSession, owner: str) -> None:

@@ -21,7 +21,15 @@ from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.agent.results import TxnResult
 from dagster_slurm.errors import SchedulerError, TransportError
 from dagster_slurm.scheduler.client import StatusSnapshot, SubmittedJob
-from dagster_slurm.session.batch_io import Cancel, Observation, Signal, Step, StepOutcome, Txn
+from dagster_slurm.session.batch_io import (
+    Cancel,
+    Observation,
+    Signal,
+    Step,
+    StepOutcome,
+    Txn,
+    unobserved,
+)
 from dagster_slurm.session.io import DocumentRead, FilesPoll, ReadyPoll
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -269,6 +277,9 @@ class FakeCluster:
         if lease_patch is not None:
             txn = self.store.transact(list(lease_patch))
             lease_ok, lease_doc = txn.ok, txn.doc
+            if not txn.ok:
+                return Observation(tr.document(txn.doc, str(self.initial["job_name"])),
+                                   unobserved(txn.now), {}, txn.now, False, txn.doc)
         snap = self.store.snapshot()
         doc = tr.document(snap.doc, str(self.initial["job_name"]))
         known = [] if doc is None else [
