@@ -120,7 +120,11 @@ def reconcile_workers(session: RunSession, intent: WorkerIntent,
     except BaseException:
         _give_back(session, owner)
         raise
-    outcomes = session.io.act(steps)
+    try:
+        outcomes = session.io.act(steps)
+    except BaseException:
+        _give_back(session, owner)  # over a new connection when the old one dropped
+        raise
     result = _result(plan, roles, outcomes)
     _log(out, session, intent, result)
     return result
@@ -291,6 +295,8 @@ def _log(out: ProgressLog, session: RunSession, intent: WorkerIntent,
         ids = getattr(result, name)
         if ids:
             parts.append(f"{name} {', '.join(ids)}")
-    out.info(f"Worker intent {intent.key!r} (count {intent.count}) of {session.job_name}: "
-             + "; ".join(parts)
-             + ("" if not result.held_back else "; held back: " + " / ".join(result.held_back)))
+    line = (f"Worker intent {intent.key!r} (count {intent.count}) of {session.job_name}: "
+            + "; ".join(parts)
+            + ("" if not result.held_back else "; held back: " + " / ".join(result.held_back)))
+    failed = any(h.startswith("a submission failed") for h in result.held_back)
+    (out.warning if failed else out.info)(line)

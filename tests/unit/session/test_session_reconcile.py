@@ -158,7 +158,12 @@ def test_an_interrupted_submission_is_recovered_by_its_token_and_not_repeated() 
     with pytest.raises(TransportError):
         session.reconcile_workers(_gpu(1))
     (job_id,) = cluster.jobs
+    # the lease was given back (it does not block the next call for its lifetime)
+    assert lease.current_holder(cluster.doc(), reconcile.RECONCILE_LEASE,
+                                cluster.clock.wall()) is None
+    started = cluster.clock.t
     result = session.reconcile_workers(_gpu(1))
+    assert cluster.clock.t == started
     assert result.recovered == (job_id,) and result.submitted == ()
     assert result.live == (job_id,)
     assert cluster.doc()["workers"][job_id]["intent"] == "gpu"

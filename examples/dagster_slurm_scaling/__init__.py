@@ -1,0 +1,1 @@
+"""Scaling a run's worker allocations from the application: two workloads, two policies."""
