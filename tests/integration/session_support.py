@@ -2,7 +2,9 @@
 
 The multiprocess executor rebuilds the job in each step process from this module, so the
 job is configured through environment variables: ``DSLURM_TEST_SESSION`` (``ray`` or
-``bash``), ``DSLURM_TEST_PAYLOAD`` (the payload file), ``DSLURM_TEST_HEARTBEAT_TIMEOUT``.
+``bash``), ``DSLURM_TEST_PAYLOAD`` (the payload file), ``DSLURM_TEST_HEARTBEAT_TIMEOUT``,
+``MEET_STEPS`` (comma-separated assets whose payloads wait for each other in ``MEET_DIR``, a
+directory every node sees).
 """
 
 import os
@@ -31,7 +33,16 @@ with open_dagster_pipes() as pipes:
         return x * x
 
     total = sum(ray.get([square.remote(i) for i in range(4)]))
-    time.sleep(float(os.environ.get("HOLD_SECONDS", "0")))
+    if os.environ.get("MEET_AS"):
+        # the steps named in MEET_STEPS wait here for each other (a minute at most): their
+        # windows overlap when they ran at the same time
+        os.makedirs(os.environ["MEET_DIR"], exist_ok=True)
+        open(os.path.join(os.environ["MEET_DIR"], os.environ["MEET_AS"]), "w").close()
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(
+                os.path.exists(os.path.join(os.environ["MEET_DIR"], name))
+                for name in os.environ["MEET_STEPS"].split(",")):
+            time.sleep(0.1)
     pipes.report_asset_materialization(metadata={
         "gcs_address": ray.get_runtime_context().gcs_address,
         "ray_address": os.environ["RAY_ADDRESS"],
@@ -80,9 +91,11 @@ def session_compute(kind: str | None = None, env: dict[str, str] | None = None,
 def _payload_asset(name: str, deps: list[str]) -> dg.AssetsDefinition:
     @dg.asset(name=name, deps=deps)
     def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):
-        hold = {"HOLD_SECONDS": os.environ["HOLD_SECONDS"]} if "HOLD_SECONDS" in os.environ else {}
+        meet = os.environ.get("MEET_STEPS", "")
+        extra = ({"MEET_DIR": os.environ["MEET_DIR"], "MEET_AS": name, "MEET_STEPS": meet}
+                 if name in meet.split(",") else {})
         yield from compute.run(
-            context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"], extra_env=hold,
+            context=context, payload_path=os.environ["DSLURM_TEST_PAYLOAD"], extra_env=extra,
         ).get_results()
 
     return _asset

@@ -206,9 +206,28 @@ def test_node_failure_is_typed(env, tmp_path):
 
 @pytest.mark.slow
 def test_timeout_is_typed(env, tmp_path):
-    payload = write_payload(tmp_path, "sleep.py", "import time; time.sleep(300)\n")
-    result = materialize_one(payload, compute(env), raise_on_error=False,
-                             extra_slurm_opts={"time_limit": "00:01:00"})
+    # written by the job's user on a compute node: in the shared home, not a node's /tmp
+    mark = Path(env["SLURM_DEPLOYMENT_BASE_PATH"]) / f"timeout-{uuid.uuid4().hex}"
+    payload = write_payload(tmp_path, "sleep.py", """
+        import os, pathlib, time
+        pathlib.Path(os.environ["DSLURM_TEST_MARK"]).touch()
+        time.sleep(300)
+    """)
+
+    def walltime_now(job_id: str) -> None:
+        # Once the payload runs, its job's time limit goes to 0, as an operator may set it
+        # on a running job: Slurm ends it for its walltime (TIMEOUT) at its next time-limit
+        # check (every 30 s), not at the first check after the submitted minute.
+        _wait_until(mark.exists, 60, "the payload to start")
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", "timelimit=0"],
+                       env={"SLURM_CONF": env["SLURM_CONF"]}, check=True)
+
+    try:
+        result = _run_in_background(payload, walltime_now, env,
+                                    extra_slurm_opts={"time_limit": "00:01:00"},
+                                    extra_env={"DSLURM_TEST_MARK": str(mark)})
+    finally:
+        mark.unlink(missing_ok=True)
     assert "SlurmJobTimeout" in step_failure(result)
 
 

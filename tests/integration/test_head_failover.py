@@ -39,7 +39,7 @@ with open_dagster_pipes() as pipes:
 
     @ray.remote(num_cpus=1)
     def work(unit):
-        time.sleep(1.0)
+        time.sleep(0.5)
         return unit
 
     todo = [u for u in range(units) if not os.path.exists(f"{marks}/unit-{u}")]

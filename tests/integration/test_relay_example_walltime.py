@@ -2,11 +2,13 @@
 
 The example's own asset, policy and payload with the example's kind of allocation, scaled
 down: a 2-minute allocation (the example's is 3 minutes with ``TERM@90``) with
-``signal_before_timeout="TERM@60"``, so Slurm itself drains it, 30 to 60 s after the start
-(Slurm checks every 30 s); 36 units of 2 s outlast that. The successor (one node, as the
-first allocation: the partition has two) was queued at once and is RUNNING by then. The payload finishes its unit and exits 0 (``SlurmStepDrained``), the
-relay promotes the successor and runs the payload again; every unit is committed exactly
-once, by the two allocations together.
+``signal_before_timeout="TERM@78"``, so Slurm itself drains it, 12 to 42 s after the start
+(Slurm checks every 30 s and sends the signal up to one check early); the payload's first
+unit is committed about 3 s after the start, and 50 units of 1 s outlast the latest drain.
+The successor (one node, as the first allocation: the partition has two) was queued at
+once and is RUNNING by then. The payload finishes its unit and exits 0
+(``SlurmStepDrained``), the relay promotes the successor and runs the payload again; every
+unit is committed exactly once, by the two allocations together.
 """
 
 import json
@@ -29,7 +31,7 @@ from dagster_slurm_relay.definitions import relayed_units  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-UNITS = 36
+UNITS = 50
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +46,11 @@ def test_the_relay_example_over_slurms_own_pre_walltime_signal(env):
     resource = compute(
         env, slurm=slurm, default_launcher=BashLauncher(), allocation_scope="run",
         run_allocation=SlurmRunAllocationConfig(  # relay_compute's, with a shorter walltime
-            time_limit="00:02:00", signal_before_timeout="TERM@60",
+            time_limit="00:02:00", signal_before_timeout="TERM@78",
             heartbeat_interval=5, heartbeat_timeout=120),
     )
-    config = {"work_dir": work, "units": UNITS, "check_interval": 2, "start_timeout": 180}
+    config = {"work_dir": work, "units": UNITS, "unit_seconds": 1.0, "check_interval": 2,
+              "start_timeout": 180}
     try:
         result = dg.materialize([relayed_units], resources={"compute": resource},
                                 run_config={"ops": {"relayed_units": {"config": config}}})

@@ -1,10 +1,10 @@
 """The relay example (examples/dagster_slurm_relay) on the dev cluster, drained on demand.
 
-The example's own asset, policy and payload, in a real Dagster ``materialize``: 36 work
+The example's own asset, policy and payload, in a real Dagster ``materialize``: 24 work
 units (of 1 s) with per-unit exclusive-create commits on the shared filesystem. Each allocation
 takes both nodes of partition ``cpu``, so the successor the policy queues at once cannot
 start while the first allocation holds them: it is still PENDING when the policy calls
-``request_drain()`` (160 s before the live ``end_time`` of a 3-minute allocation). The
+``request_drain()`` (170 s before the live ``end_time`` of a 3-minute allocation). The
 payload finishes its unit and exits 0 (``SlurmStepDrained``, its reports intact); the relay
 releases the drained allocation, waits until the successor is RUNNING, promotes it and runs
 the payload again, which skips the committed units. Every unit is committed exactly once and
@@ -32,7 +32,7 @@ from dagster_slurm_relay.definitions import relayed_units  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-UNITS = 36  # the drain comes about 20 s in: both allocations do part of the work
+UNITS = 24  # the drain comes about 10 s in: both allocations do part of the work
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_request_drain_with_the_successor_pending_relays_every_unit_once(env):
     policy = {
         "work_dir": work, "units": UNITS, "unit_seconds": 1.0,
         "successor_lead": 300,  # at once for the first allocation, not for its 10-min successor
-        "drain_lead": 160,  # about 20 s after the first allocation started
+        "drain_lead": 170,  # about 10 s after the first allocation started
         "successor_time_limit": "00:10:00", "check_interval": 2, "start_timeout": 180,
     }
     instance = dg.DagsterInstance.ephemeral()

@@ -96,7 +96,7 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
                    "the head to end")
         wait_until(lambda: squeue_state(env, filler) == "RUNNING", 120,
                    "the filler to run")
-        elector = _elector(env, run_id, "20")
+        elector = _elector(env, run_id, "12")
         def submitted_by_the_elector() -> bool:
             doc = _document(session)
             head = doc.get("allocation") or {}

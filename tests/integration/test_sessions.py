@@ -91,15 +91,20 @@ def metadata(result) -> dict[str, dict[str, object]]:  # noqa: ANN001
 @pytest.mark.slow
 def test_four_ray_assets_share_one_allocation_and_one_ray_cluster(env, tmp_path, monkeypatch):
     payload = write_payload(tmp_path, "ray_session.py", RAY_SESSION_PAYLOAD)
+    # left and right wait for each other in their payloads: on the shared filesystem
+    meet_dir = Path(env["SLURM_DEPLOYMENT_BASE_PATH"]) / f"meet-{uuid.uuid4().hex}"
     for key, value in {**env, "DSLURM_TEST_SESSION": "ray", "DSLURM_TEST_PAYLOAD": payload,
-                       "HOLD_SECONDS": "3",
+                       "MEET_STEPS": "left,right", "MEET_DIR": str(meet_dir),
                        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
                        }.items():
         monkeypatch.setenv(key, value)
     (tmp_path / "home").mkdir()
     monkeypatch.chdir(HERE)  # step processes import session_support from the working directory
     with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
-        result = dg.execute_job(dg.reconstructable(diamond_job), instance=instance)
+        try:
+            result = dg.execute_job(dg.reconstructable(diamond_job), instance=instance)
+        finally:
+            shutil.rmtree(meet_dir, ignore_errors=True)
         assert result.success
         meta = metadata(result)
         run_id = result.run_id

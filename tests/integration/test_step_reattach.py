@@ -68,7 +68,7 @@ with open_dagster_pipes() as pipes:
         if drained:
             pipes.report_custom_message({"drained_after": unit})
             break
-        time.sleep(0.5)  # a unit's work; the order with the test is by the marks above
+        time.sleep(0.1)  # a unit's work; the order with the test is by the marks above
     else:
         pipes.report_asset_materialization(metadata={"units": units,
                                                      "slurm_job_id": os.environ["SLURM_JOB_ID"]})

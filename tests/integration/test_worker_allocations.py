@@ -43,19 +43,28 @@ nodes = [{"id": n["NodeID"], "resources": n["Resources"]} for n in ray.nodes() i
 print(json.dumps({"nodes": nodes, "actor_node": ray.get(Probe.remote().node.remote())}))
 """
 
-#: Run on the head: a task that needs the worker's custom resource and holds it for a while
-#: (it writes a mark once it runs); prints the node it ran on.
+#: Run on the head: a task that needs the worker's custom resource and holds it until the
+#: worker allocation drains (it writes a mark once it runs, and goes on for 2 s after the
+#: worker's state file says "draining"); prints the node it ran on.
 BUSY_TASK = """
 import json, sys, time, ray
 ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
 
 @ray.remote(resources={"accelerator:fake": 1}, num_cpus=0, max_retries=0)
-def hold(mark):
+def hold(mark, state):
     open(mark, "w").write("running")
-    time.sleep(8)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if open(state).read().strip() == "draining":
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    time.sleep(2)
     return ray.get_runtime_context().get_node_id()
 
-print(json.dumps({"node": ray.get(hold.remote(sys.argv[1]))}))
+print(json.dumps({"node": ray.get(hold.remote(sys.argv[1], sys.argv[2]))}))
 """
 
 
@@ -157,8 +166,9 @@ def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, sessio
 
     def busy() -> None:
         try:
-            outcome["result"] = session.execute_in_session(["python", "-c", BUSY_TASK, mark],
-                                                           name="busy")
+            outcome["result"] = session.execute_in_session(
+                ["python", "-c", BUSY_TASK, mark, session.paths.worker_state(worker.job_id)],
+                name="busy")
         except Exception as exc:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = exc
 
@@ -187,7 +197,7 @@ def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, sessio
 def test_a_worker_without_a_head_releases_itself_after_rejoin_timeout(env, session, gpu_worker):
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="cpu", num_nodes=1, cpus_per_task=2, gpus_per_node=0, mem="1500M",
-        time_limit="00:10:00", rejoin_timeout=20))
+        time_limit="00:10:00", rejoin_timeout=10))
     assert worker.config.partition == "cpu" and not worker.config.ray_resources
     session.wait_for_worker_allocation(worker, timeout=120)
     head_job = session._allocation.job_id
@@ -197,4 +207,4 @@ def test_a_worker_without_a_head_releases_itself_after_rejoin_timeout(env, sessi
     wait_until(lambda: not squeue_state(env, worker.job_id), 30, "the worker job to end")
     assert wait_until(lambda: _final_state(env, worker.job_id), 30, "accounting") == "COMPLETED"
     log = read_text(session.paths.output_of(worker.job_id))
-    assert "is not live" in log and "rejoin_timeout 20 s" in log
+    assert "is not live" in log and "rejoin_timeout 10 s" in log
