@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,3 +27,12 @@ def transport() -> LocalTransport:
 @pytest.fixture
 def client(tmp_path: Path, transport: LocalTransport) -> AgentClient:
     return AgentClient(transport, str(tmp_path / "base"), python=sys.executable)
+
+
+@pytest.fixture
+def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory of fake Slurm commands, first on the PATH the agent inherits."""
+    path = tmp_path / "bin"
+    path.mkdir()
+    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
+    return path

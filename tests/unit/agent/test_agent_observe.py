@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
 from agent_support import write_script
 
 from dagster_slurm.agent.client import AgentClient
@@ -15,13 +13,6 @@ from dagster_slurm.agent.remote.observe import known_job_ids
 
 HEADER = "JOBID|STATE|COMMENT|"
 
-
-@pytest.fixture
-def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "bin"
-    path.mkdir()
-    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
-    return path
 
 
 def _session(tmp_path: Path) -> Path:

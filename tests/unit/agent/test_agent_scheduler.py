@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,6 @@ from dagster_slurm.agent.results import SubmitResult
 
 TOKEN = "dgs-tok-1"
 
-
-@pytest.fixture
-def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory of fake Slurm commands, first on the PATH the agent inherits."""
-    path = tmp_path / "bin"
-    path.mkdir()
-    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
-    return path
 
 
 @pytest.fixture

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
 from agent_support import write_script
 
 from dagster_slurm.agent.client import AgentClient
@@ -17,14 +15,6 @@ from dagster_slurm.state import worker_transitions as wt
 
 TOKEN = "dsr-worker-token-1"
 
-
-@pytest.fixture
-def bindir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory of fake Slurm commands, first on the PATH the agent inherits."""
-    path = tmp_path / "bin"
-    path.mkdir()
-    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ['PATH']}")
-    return path
 
 
 def test_the_agent_writes_the_worker_records_the_transitions_describe(

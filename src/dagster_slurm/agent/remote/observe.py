@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .common import OpContext, bad_request, get_argv, get_number, get_str
 from .document import document_version, read_document
-from .scheduler import _read_status_file, _run_quietly, listed_job_ids
+from .scheduler import _read_status_file, squeue_then_sacct
 
 
 def known_job_ids(doc: object) -> list:
@@ -60,32 +60,10 @@ def op_observe_session(params: dict, ctx: OpContext) -> dict:
     jobs_dir = get_str(params, "jobs_dir") if names else ""
     doc = read_document(path)
     known = known_job_ids(doc)
-    squeue = _run_quietly(squeue_argv, timeout)
-    result = {
-        "doc": doc,
-        "version": document_version(doc),
-        "known_ids": known,
-        "squeue": squeue,
-        "absent_ids": None,
-        "sacct_ids": [],
-        "sacct": None,
-    }
-    if squeue["rc"] == 0:
-        present = listed_job_ids(_without_header(squeue["stdout"]), known)
-        absent = [i for i in known if i not in present]
-        result["absent_ids"] = absent
-        if params.get("sacct_argv") and absent:
-            sacct_argv = get_argv(params, "sacct_argv") + ["--jobs=" + ",".join(absent)]
-            result["sacct_ids"] = absent
-            result["sacct"] = _run_quietly(sacct_argv, timeout)
+    result = {"doc": doc, "version": document_version(doc), "known_ids": known,
+              **squeue_then_sacct(params, squeue_argv, known, timeout)}
     # Files are read after squeue: a job squeue no longer lists has written its last words.
     paths = [f"{jobs_dir}/{job_id}/{name}" for job_id in known for name in names] + list(extra)
     result["files"] = {p: _read_status_file(p) for p in dict.fromkeys(paths)}
     return result
 
-
-def _without_header(stdout: str) -> str:
-    lines = stdout.splitlines()
-    if lines and lines[0].split("|", 1)[0].strip().upper() == "JOBID":
-        lines = lines[1:]
-    return "\n".join(lines)

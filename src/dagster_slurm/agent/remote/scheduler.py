@@ -97,18 +97,24 @@ def op_job_status(params: dict, ctx: OpContext) -> dict:
     files = params.get("status_files") or {}
     if not isinstance(files, dict) or not all(isinstance(p, str) and p for p in files.values()):
         raise bad_request("parameter 'status_files' must map job ids to paths")
-    squeue = _run_quietly(squeue_argv, timeout)
+    result = squeue_then_sacct(params, squeue_argv, known_ids, timeout)
     # Status files are read after squeue: a job squeue no longer lists has written its file.
-    result = {
-        "squeue": squeue,
-        "absent_ids": None,
-        "status_files": {str(k): _read_status_file(v) for k, v in files.items()},
-        "sacct_ids": [],
-        "sacct": None,
-    }
-    if result["squeue"]["rc"] != 0:
+    result["status_files"] = {str(k): _read_status_file(v) for k, v in files.items()}
+    return result
+
+
+def squeue_then_sacct(params: dict, squeue_argv: list, known_ids: list, timeout: float) -> dict:
+    """One ``squeue``; when it answered, the ``known_ids`` it did not list (``absent_ids``)
+    and, with ``params["sacct_argv"]``, one ``sacct --jobs=<those ids>``. A header line
+    (``JOBID|...``, from ``squeue --Format``) is skipped when reading the listed ids."""
+    squeue = _run_quietly(squeue_argv, timeout)
+    result = {"squeue": squeue, "absent_ids": None, "sacct_ids": [], "sacct": None}
+    if squeue["rc"] != 0:
         return result
-    present = listed_job_ids(result["squeue"]["stdout"], known_ids)
+    lines = squeue["stdout"].splitlines()
+    if lines and lines[0].split("|", 1)[0].strip().upper() == "JOBID":
+        lines = lines[1:]
+    present = listed_job_ids("\n".join(lines), known_ids)
     absent = [i for i in known_ids if i not in present]
     result["absent_ids"] = absent
     if params.get("sacct_argv") and absent:
