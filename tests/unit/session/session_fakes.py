@@ -394,6 +394,22 @@ def _sacct(job: FakeJob) -> SacctRecord:
     )
 
 
+def on_fake_cluster(slurm: Any, run_id: str, config: Any, launcher: Any, *,
+                    activation: str | None = None, cluster_class: type[FakeCluster] = FakeCluster,
+                    **options: Any) -> tuple[Any, FakeCluster]:
+    """A RunSession of ``run_id`` on a fresh in-memory cluster (``cluster_class``), on its
+    fake clock, without a heartbeat thread; ``options`` go to the RunSession."""
+    from dagster_slurm.session.session import RunSession
+
+    probe = RunSession(slurm, run_id, config, launcher, activation=lambda: activation, **options)
+    cluster = cluster_class(probe.initial_document())
+    session = RunSession(slurm, run_id, config, launcher, activation=lambda: activation,
+                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep,
+                         **options)
+    session._start_heartbeat = lambda: None  # no thread
+    return session, cluster
+
+
 class Lines:
     """A logger (``info`` / ``warning`` / ``error``) keeping ``(level, message)`` pairs."""
 

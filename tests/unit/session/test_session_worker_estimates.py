@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from session_fakes import FakeCluster
+from session_fakes import FakeCluster, on_fake_cluster
 
 from dagster_slurm.agent.client import AgentClient
 from dagster_slurm.errors import ConfigurationError
@@ -89,13 +89,10 @@ def _session(launcher: Any = None, queue: SlurmQueueConfig = QUEUE
              ) -> tuple[RunSession, ProbingCluster]:
     slurm = SlurmResource(ssh=SSHConnectionResource(host="login.invalid", user="u"),
                           remote_base="/cluster/ds", queue=queue)
-    launcher = launcher or RayLauncher()
-    run_id = str(uuid.uuid4())
-    probe = RunSession(slurm, run_id, HEAD, launcher, activation=lambda: "/env/activate.sh")
-    cluster = ProbingCluster(probe.initial_document())
-    session = RunSession(slurm, run_id, HEAD, launcher, activation=lambda: "/env/activate.sh",
-                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+    session, cluster = on_fake_cluster(slurm, str(uuid.uuid4()), HEAD, launcher or RayLauncher(),
+                                       activation="/env/activate.sh",
+                                       cluster_class=ProbingCluster)
+    assert isinstance(cluster, ProbingCluster)
     return session, cluster
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from session_fakes import FakeCluster
+from session_fakes import FakeCluster, on_fake_cluster
 
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
@@ -41,13 +41,8 @@ def _session(launcher: Any = None) -> tuple[RunSession, FakeCluster]:
                           queue=SlurmQueueConfig(partition="cpu", num_nodes=1, mem="8G"))
     config = SlurmRunAllocationConfig(time_limit="01:00:00", cpus_per_task=4,
                                       signal_before_timeout="TERM@300")
-    launcher = launcher or RayLauncher()
-    probe = RunSession(slurm, RUN_ID, config, launcher, activation=lambda: "/env/activate.sh")
-    cluster = FakeCluster(probe.initial_document())
-    session = RunSession(slurm, RUN_ID, config, launcher, activation=lambda: "/env/activate.sh",
-                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
-    return session, cluster
+    return on_fake_cluster(slurm, RUN_ID, config, launcher or RayLauncher(),
+                           activation="/env/activate.sh")
 
 
 def _running_head(session: RunSession, cluster: FakeCluster) -> str:
