@@ -226,3 +226,16 @@ def test_bad_input_is_refused_before_anything_runs() -> None:
     with pytest.raises(SessionError, match="RayLauncher"):
         bash.reconcile_workers(_gpu(1))
     assert _trips(cluster) == 0 and _trips(bash_cluster) == 0
+
+
+def test_the_session_resource_passes_the_contexts_session_on(monkeypatch: pytest.MonkeyPatch):
+    from dagster_slurm.session.resource import SlurmSessionResource
+
+    session, cluster = _session()
+    resource = SlurmSessionResource(slurm=session.slurm, launcher=RayLauncher())
+    monkeypatch.setattr(SlurmSessionResource, "get_session", lambda self, context: session)
+    context = object()
+    (job_id,) = resource.reconcile_workers(context, _gpu(1)).submitted
+    assert [w.slurm_job_id for w in resource.inspect(context).workers("gpu")] == [job_id]
+    resource.assign_worker_intent(context, job_id, None)
+    assert resource.inspect(context).workers("gpu") == ()
