@@ -49,6 +49,11 @@ JOB_FILES: tuple[str, ...] = ("nodes", "ray_nodes", "state")
 JOB_GONE = ("Invalid job id", "already completing or completed", "Job has already finished")
 
 
+def job_gone(message: str) -> bool:
+    """scancel's ``message`` says the job it should signal or cancel has ended."""
+    return any(words in message for words in JOB_GONE)
+
+
 @dataclass(frozen=True)
 class Observation:
     """One look at the session: ``doc`` (None before it exists), the scheduler's answer,
@@ -204,7 +209,7 @@ def _outcome(step: Step, handle: Any, scheduler: Any) -> StepOutcome:
         if result.rc == 0:
             return StepOutcome(True)
         message = (result.stderr or result.stdout).strip()
-        if any(words in message for words in JOB_GONE):
+        if job_gone(message):
             return StepOutcome(False, gone=True, error=message)
         return StepOutcome(False, error=message or f"exit code {result.rc}")
     scheduler.stats.count("sbatch")

@@ -55,9 +55,7 @@ class WorkerIntent:
     pending_timeout: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.key, str) or not _KEY.match(self.key):
-            raise ConfigurationError("key", self.key, "must be 1-64 characters of letters, "
-                                     "digits, '.', '_' or '-', starting with a letter or digit")
+        check_key(self.key)
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0:
             raise ConfigurationError("count", self.count, "must be a whole number, 0 or more")
         if self.config is not None and not isinstance(self.config, SlurmWorkerAllocationConfig):
@@ -93,6 +91,15 @@ class ReconcileResult:
     recovered: tuple[str, ...] = ()
     cancelled: tuple[str, ...] = ()
     ended: tuple[str, ...] = ()
+
+
+def check_key(key: object) -> str:
+    """An intent's ``key``: 1-64 letters, digits, ``.``, ``_`` or ``-``, starting with a
+    letter or digit."""
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise ConfigurationError("key", key, "must be 1-64 characters of letters, digits, "
+                                 "'.', '_' or '-', starting with a letter or digit")
+    return key
 
 
 def check_release(release: object) -> tuple[str, ...]:

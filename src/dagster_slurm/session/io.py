@@ -18,7 +18,14 @@ from dagster_slurm.agent import exec_op, read_op, tail_op, write_file_op
 from dagster_slurm.agent.results import TailRequest, TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
-from dagster_slurm.session.batch_io import Observation, Step, StepOutcome, agent_act, agent_observe
+from dagster_slurm.session.batch_io import (
+    Observation,
+    Step,
+    StepOutcome,
+    agent_act,
+    agent_observe,
+    job_gone,
+)
 from dagster_slurm.session.paths import SessionPaths
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec, scancel_argv
@@ -46,10 +53,6 @@ for f in *.taken; do
 done
 exit 0
 """
-
-
-#: Words of scancel's message when the job it should signal has ended.
-_JOB_GONE = ("Invalid job id", "already completing or completed", "Job has already finished")
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ class AgentSessionIO:
         if result.rc == 0:
             return True
         message = (result.stderr or result.stdout).strip()
-        if any(words in message for words in _JOB_GONE):
+        if job_gone(message):
             return False
         raise SchedulerError(f"scancel --batch --signal={signal} {job_id} failed: "
                              f"{message or f'exit code {result.rc}'}")

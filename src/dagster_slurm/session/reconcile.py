@@ -41,6 +41,7 @@ from dagster_slurm.session.intents import (
     ReconcileResult,
     WorkerIntent,
     check_budget,
+    check_key,
     check_release,
 )
 from dagster_slurm.session.reconcile_plan import ReconcilePlan, plan_reconcile
@@ -75,7 +76,7 @@ def assign_worker_intent(session: RunSession, job_id: str, key: str | None) -> N
     under the session lock; raises :class:`SessionError` when that is refused."""
     job_id = str(getattr(job_id, "slurm_job_id", getattr(job_id, "job_id", job_id)))
     if key is not None:
-        WorkerIntent(key=key, count=0)  # the same rules for the key
+        check_key(key)
     for _attempt in range(5):
         doc = session.io.read().doc
         decided = wt.assign_worker_intent(doc, job_id=job_id, intent=key)

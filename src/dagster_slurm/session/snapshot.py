@@ -262,7 +262,7 @@ def _int(value: object) -> int | None:
 
 def _head(record: Allocation, role: str, status: StatusSnapshot) -> AllocationSnapshot:
     job_id = record.job_id or ""
-    facts = _scheduler_facts(job_id, status) if job_id else _scheduler_facts("", status)
+    facts = _scheduler_facts(job_id, status)
     state = facts["state"] if job_id else None
     nodes = facts["nodes"] if facts["nodes"] is not None else (
         tuple(record.nodes) if record.nodes else None)
