@@ -210,13 +210,21 @@ __ds_skip_if_signalled() {
 
 # Start "$@" in the background in a process group of its own, then wait until it has
 # really exited (a trapped signal interrupts 'wait'); its status ends up in __ds_rc.
+#
+# The payload runs under a small bash that leads the process group: it keeps the payload's
+# signal dispositions at their defaults (its own traps are handlers, reset by exec), waits
+# for it in the foreground and records its status in <status file>.payload before leaving.
+# That record is what counts: when the payload ends while a trap of this script runs, bash
+# may reap it there, and a later 'wait' can then no longer tell its status.
+__ds_payload_runner='trap : TERM INT HUP "$1"; shift; "$@"; rc=$?; printf "%s\n" "$rc" > "$0.payload"; exit "$rc"'
 __ds_run_payload() {
-    local status
+    local status recorded=""
+    rm -f -- "$__ds_status_file.payload"
     if command -v setsid >/dev/null 2>&1; then
-        (trap - INT QUIT; exec setsid "$@") &
+        (trap - INT QUIT; exec setsid "$BASH" -c "$__ds_payload_runner" "$__ds_status_file" "${__ds_drain_signal:-TERM}" "$@") &
     else
         set -m
-        (trap - INT QUIT; exec "$@") &
+        (trap - INT QUIT; exec "$BASH" -c "$__ds_payload_runner" "$__ds_status_file" "${__ds_drain_signal:-TERM}" "$@") &
         set +m
     fi
     __ds_payload_pid=$!
@@ -237,6 +245,12 @@ __ds_run_payload() {
             break
         fi
     done
+    if [ -r "$__ds_status_file.payload" ] \
+        && IFS= read -r recorded < "$__ds_status_file.payload" \
+        && [ -n "$recorded" ] && [ -z "${recorded//[0-9]/}" ]; then
+        __ds_rc=$recorded
+    fi
+    rm -f -- "$__ds_status_file.payload"
     [ "$__ds_rc" -eq 0 ] || __ds_log "payload exited with status $__ds_rc"
 }
 
