@@ -158,8 +158,20 @@ def test_reconcile_cancels_jobs_of_dead_runs_and_keeps_a_live_ones(env, tmp_path
         dead_run = instance.get_run_by_id(dead_dir.parent.parent.name)
         live_run_id = live_dir.parent.parent.name
         assert dead_run is not None and instance.get_run_by_id(live_run_id) is not None
+        # A tick reads every session document, job record, heartbeat and the user's jobs in
+        # one round trip (the first call also connects and checks the agent)
+        transport = slurm.ssh.get_transport()
+        reconcile_orphaned_slurm_runs(instance, slurm, heartbeat_timeout=600, dry_run=True)
+        before = transport.stats.round_trips
+        assert reconcile_orphaned_slurm_runs(instance, slurm, heartbeat_timeout=600,
+                                             dry_run=True) == []
+        assert transport.stats.round_trips - before == 1
         # What Dagster's run monitoring makes of a dead run worker: the run is FAILURE.
         instance.report_run_failed(dead_run, "the run worker died")
+        before = transport.stats.round_trips
+        assert len(reconcile_orphaned_slurm_runs(instance, slurm, heartbeat_timeout=600,
+                                                 dry_run=True)) == 1
+        assert transport.stats.round_trips - before == 1, "a candidate needs no more reads"
         reports = reconcile_orphaned_slurm_runs(instance, slurm, heartbeat_timeout=600)
         assert [(r.scope, r.job_ids, r.run_id) for r in reports] == \
             [("asset", (dead_job,), dead_run.run_id)], reports

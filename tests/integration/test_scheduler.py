@@ -9,6 +9,7 @@ import pytest
 
 from dagster_slurm import SlurmQueueConfig, SlurmResource
 from dagster_slurm.errors import ConfigurationError, SchedulerError
+from dagster_slurm.scheduler.client import SlurmScheduler
 from dagster_slurm.scheduler.watcher import JobWatcher
 from dagster_slurm.slurm import JobState, SbatchSpec
 
@@ -128,8 +129,9 @@ def test_cancelled_job_with_status_file_zero_is_cancelled_after_it_left_squeue(s
         slurm.scheduler().cancel([job.job_id])
         assert wait_for(slurm, name, job.job_id, lambda o: o.terminal).state is JobState.CANCELLED
         # Tracked under a name squeue does not list: the view after Slurm purged the job
-        # (MinJobAge), when only accounting and the status file are left.
-        watcher = JobWatcher(slurm.scheduler())
+        # (MinJobAge), when only accounting and the status file are left. (A scheduler
+        # without the user's shared answer: that one lists every job of the user, by id.)
+        watcher = JobWatcher(SlurmScheduler(slurm.agent()))
         watcher.track(job.job_id, f"{name}-purged", status_file=status)
         final = watcher.wait(job.job_id, timeout=60)
         assert final.exit_code == 0, "the status file is read"

@@ -25,6 +25,7 @@ from dagster_slurm.agent.results import (
     ObserveResult,
     PathResult,
     ReadResult,
+    ScanResult,
     SubmitResult,
     TailRequest,
     TailResult,
@@ -118,12 +119,57 @@ def read_op(path: str) -> AgentOp[ReadResult]:
     return AgentOp("read", {"path": path}, ReadResult.from_raw)
 
 
+@dataclass(frozen=True)
+class ScanSpec:
+    """Documents called ``name`` exactly ``depth`` levels below ``root`` (``depth`` 2:
+    ``<root>/<dir>/<name>``); with ``sibling``, also the first bytes of the file of that name
+    next to each."""
+
+    root: str
+    name: str
+    depth: int
+    sibling: str | None = None
+
+
+def scan_op(specs: Sequence[ScanSpec], *, sibling_bytes: int = 256) -> AgentOp[ScanResult]:
+    """Find and read documents below several roots in one operation (no lock taken)."""
+    params = {
+        "scan": [{"root": s.root, "name": s.name, "depth": s.depth, "sibling": s.sibling}
+                 for s in specs],
+        "sibling_bytes": sibling_bytes,
+    }
+    return AgentOp("scan", params, ScanResult.from_raw)
+
+
 def tail_op(files: Sequence[TailRequest]) -> AgentOp[TailResult]:
     """Read new bytes of several files, each from its own offset."""
     params = {
         "files": [{"path": f.path, "offset": f.offset, "max_bytes": f.max_bytes} for f in files]
     }
     return AgentOp("tail", params, TailResult.from_raw)
+
+
+@dataclass(frozen=True)
+class SharedSqueue:
+    """Where a status poll finds the user's shared squeue answer on the login node.
+
+    ``path``: the answer's file (in the deployment base, one per user); ``argv``: the squeue
+    that lists every job of the user (its output is what the file holds); ``max_age``:
+    seconds an answer may be old to serve a poll whose jobs it all lists (0: only an answer
+    taken after the poll started); ``floor`` and ``client``: a poll that needs a newer
+    answer waits until ``floor`` s after another client's refresh (see the agent's
+    ``status_cache`` module).
+    """
+
+    path: str
+    argv: tuple[str, ...]
+    max_age: float
+    all_jobs: bool = False
+    """Answer with every job of the user, not only the known ids' lines."""
+    floor: float = 0.0
+    """Least seconds between a refresh by another process and one for this poll."""
+    client: str | None = None
+    """This poller's id (one per scheduler client): its own last refresh sets no floor."""
 
 
 def job_status_op(
@@ -133,18 +179,26 @@ def job_status_op(
     sacct_argv: Sequence[str] | None = None,
     status_files: Mapping[str, str] | None = None,
     timeout: float = 60.0,
+    shared: SharedSqueue | None = None,
 ) -> AgentOp[JobStatusResult]:
     """One squeue call, status files, and one sacct call for known ids squeue no longer lists.
 
-    The squeue format must print the job id as the first ``|``-separated field.
+    The squeue format must print the job id as the first ``|``-separated field. With
+    ``shared``, the squeue answer is the user's shared one (``shared.argv`` instead of
+    ``squeue_argv``; see :class:`SharedSqueue`).
     """
-    params = {
+    params: dict[str, Any] = {
         "squeue_argv": list(squeue_argv),
         "known_ids": [str(i) for i in known_ids],
         "sacct_argv": None if sacct_argv is None else list(sacct_argv),
         "status_files": dict(status_files or {}),
         "timeout": timeout,
     }
+    if shared is not None:
+        params["shared"] = {"path": shared.path, "argv": list(shared.argv),
+                            "max_age": shared.max_age, "wait": timeout + 5.0,
+                            "all_jobs": shared.all_jobs, "floor": shared.floor,
+                            "client": shared.client}
     return AgentOp("job_status", params, JobStatusResult.from_raw, 2 * timeout + 5.0)
 
 

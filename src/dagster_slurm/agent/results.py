@@ -136,17 +136,57 @@ class TailResult:
 
 
 @dataclass(frozen=True)
+class ScannedDocument:
+    """One document a ``scan`` found: its ``path``, the ``doc`` (None when it vanished or
+    could not be read; ``error`` then says why, None otherwise), its ``version`` and, when a
+    sibling file was asked for, that file's first bytes (``sibling`` None: not asked)."""
+
+    path: str
+    doc: dict[str, Any] | None
+    version: int
+    error: str | None = None
+    sibling: StatusFile | None = None
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """The documents a ``scan`` found, in root order, then path order."""
+
+    entries: tuple[ScannedDocument, ...]
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> ScanResult:
+        entries = []
+        for e in raw.get("entries") or ():
+            sib = e.get("sibling")
+            entries.append(ScannedDocument(
+                e["path"], e.get("doc"), int(e.get("version") or 0), e.get("error"),
+                None if sib is None else StatusFile(bool(sib.get("exists")), sib.get("data"))))
+        return cls(tuple(entries))
+
+
+@dataclass(frozen=True)
 class CommandOutput:
-    """Raw output of a scheduler command; ``rc`` is None when it timed out or did not start."""
+    """Raw output of a scheduler command; ``rc`` is None when it timed out or did not start.
+
+    ``shared_at`` is set when the answer came from the user's shared squeue answer on the
+    login node (login-node epoch seconds at which that squeue was started; None otherwise);
+    ``ran`` says whether this request ran the command itself (False: it was served an answer
+    another request had produced, so it cost the scheduler nothing).
+    """
 
     rc: int | None
     stdout: str
     stderr: str
     error: str | None = None
+    shared_at: float | None = None
+    ran: bool = True
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> CommandOutput:
-        return cls(raw.get("rc"), raw.get("stdout", ""), raw.get("stderr", ""), raw.get("error"))
+        shared = raw.get("shared") or {}
+        return cls(raw.get("rc"), raw.get("stdout", ""), raw.get("stderr", ""), raw.get("error"),
+                   shared.get("at"), bool(shared.get("ran", True)))
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Round trips: one to write every file and submit (script, Pipes context, uploaded payload,
 heartbeat file, token record, sbatch), one per status poll (shared by all jobs of the
-process; it also rewrites each job's heartbeat file, the job's dead-man's switch), one per
-Pipes tail poll (messages, stdout and stderr together), and one for accounting and cleanup
+process, served from the user's shared squeue answer; it also rewrites each job's heartbeat
+file, the job's dead-man's switch), one per Pipes tail poll (messages, stdout, stderr and a
+look for the exit-status file together: once it appears, the status poll happens at once,
+see :data:`FIRST_POLL`), and one for accounting and cleanup
 together at the end (then one per further read of accounting while it has not caught up
 with a job that ended, for at most ``accounting_deadline`` seconds). While waiting, the step
 reads its own run's status from the Dagster instance every ``run_status_interval`` seconds
@@ -64,10 +66,42 @@ def shared_watcher(scheduler: SlurmScheduler) -> JobWatcher:
         return watcher
 
 
+#: Seconds from the start of the wait to the first status poll: a job that ends sooner is
+#: seen ending through its exit-status file (read with the Pipes tail, no scheduler call),
+#: which makes the watcher poll at once; so it costs one squeue.
+FIRST_POLL = 1.0
+
+
+class _StatusSeen:
+    """Called by the Pipes reader when the job's exit-status file appeared: tells the
+    watcher (once the job id is known; a file seen earlier is passed on when it is)."""
+
+    def __init__(self, scheduler: SlurmScheduler) -> None:
+        self.scheduler = scheduler
+        self.job_id: str | None = None
+        self.seen = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.seen = True
+            job_id = self.job_id
+        if job_id is not None:
+            shared_watcher(self.scheduler).payload_ended(job_id)
+
+    def tracking(self, job_id: str) -> None:
+        with self._lock:
+            self.job_id = job_id
+            seen = self.seen
+        if seen:
+            shared_watcher(self.scheduler).payload_ended(job_id)
+
+
 @dataclass
 class SlurmJob(PreparedJob):
     """One asset-scope invocation: its scheduler, files, job name, payload, validated sbatch
-    spec and activation script (None: no environment to source)."""
+    spec, activation script (None: no environment to source) and the hook through which the
+    Pipes reader reports the exit-status file."""
 
     scheduler: SlurmScheduler
     paths: InvocationPaths
@@ -75,6 +109,7 @@ class SlurmJob(PreparedJob):
     payload: PayloadSpec
     spec: SbatchSpec
     activation: str | None
+    status_seen: _StatusSeen
 
 
 class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
@@ -114,10 +149,11 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             chdir=paths.job_dir, **request.overrides,
         )  # validates every value before anything is sent
         activation = self.prepare_env(context)
+        status_seen = _StatusSeen(scheduler)
         return SlurmJob(
             context, request, PipesDeferredFileContextInjector(paths.context),
-            tail_reader(scheduler.agent, paths, context, self.poll_interval),
-            scheduler, paths, job_name, payload, spec, activation,
+            tail_reader(scheduler.agent, paths, context, self.poll_interval, on_status=status_seen),
+            scheduler, paths, job_name, payload, spec, activation, status_seen,
         )
 
     def _start(self, job: SlurmJob, pipes: Any) -> str:
@@ -166,6 +202,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             watcher.backoff.cap(self.heartbeat_timeout / 4)
         watcher.track(handle, job.job_name, status_file=job.paths.status,
                       heartbeat_file=job.paths.heartbeat)
+        job.status_seen.tracking(handle)
         tracker = PendingTracker(handle, self.pending, job.context.log.info, job.reader.wake)
         follower = follower_for(job.context, self.run_status_interval)
 
@@ -179,7 +216,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
 
         try:
             return watcher.wait(handle, on_poll=on_poll, check=follow,
-                                check_interval=self.run_status_interval)
+                                check_interval=self.run_status_interval, first_poll=FIRST_POLL)
         except JobLost as exc:
             raise SlurmJobLost(JobOutcome(handle, None, None), str(exc)) from None
         finally:

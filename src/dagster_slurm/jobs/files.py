@@ -7,7 +7,7 @@ step of the run's allocation per invocation).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dagster_slurm.agent import exec_op, remove_op
@@ -17,16 +17,20 @@ from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.launchers.base import PayloadSpec
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
-from dagster_slurm.pipes.sources import AgentFileSource
+from dagster_slurm.pipes.sources import AgentFileSource, FileSource, WatchingFileSource
 
 
-def tail_reader(agent: Any, paths: InvocationPaths, context: Any,
-                poll_interval: float) -> PipesTailMessageReader:
+def tail_reader(agent: Any, paths: InvocationPaths, context: Any, poll_interval: float,
+                on_status: Callable[[], None] | None = None) -> PipesTailMessageReader:
     """The Pipes reader of an invocation on the cluster: messages, stdout and stderr read in
     one round trip per poll; stdout also feeds :func:`~dagster_slurm.jobs.logs.notable_stdout_sink`
-    (notable lines go to ``context.log``)."""
+    (notable lines go to ``context.log``). With ``on_status``, every poll also looks for the
+    invocation's exit-status file (same round trip) and calls it once when it appears."""
+    source: FileSource = AgentFileSource(agent)
+    if on_status is not None:
+        source = WatchingFileSource(source, paths.status, on_status)
     return PipesTailMessageReader(
-        AgentFileSource(agent), paths.messages, paths.stdout, paths.stderr,
+        source, paths.messages, paths.stdout, paths.stderr,
         poll_interval=poll_interval, stdout_sink=notable_stdout_sink(context.log),
     )
 

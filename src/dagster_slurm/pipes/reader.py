@@ -22,9 +22,12 @@ Guarantees:
 * While a file has more data than one chunk (``max_bytes_per_file``), the next poll follows
   immediately; the reader sleeps ``poll_interval`` only once it has caught up, so a message is
   delivered within about ``poll_interval`` plus one round trip of being written.
-* While none of the files exists yet (the job is still queued), the reader polls only every
-  ``idle_interval``, to spare the login node; :meth:`~PipesTailMessageReader.wake` makes it
-  poll at once (call it when the job is seen running).
+* While none of the files exists yet (the job is still queued), the reader polls at
+  ``poll_interval`` a few times (:data:`IDLE_POLLS_AT_POLL_INTERVAL`), then its wait doubles
+  up to ``idle_interval`` (so a job that starts at once is seen at once, a queued one costs
+  a poll per ``idle_interval``, to spare the login node);
+  :meth:`~PipesTailMessageReader.wake` makes it poll at once (call it when the job is seen
+  running).
 * Leaving :meth:`read_messages` stops the thread and runs a final drain, which must happen
   after the job has ended: it polls until every file reports end-of-file with no new data
   (and, if the payload opened Pipes, until its ``closed`` message arrived or ``closed_grace``
@@ -71,6 +74,9 @@ DEFAULT_POLL_INTERVAL = 0.25
 DEFAULT_IDLE_INTERVAL = 1.0
 DEFAULT_MAX_BYTES_PER_FILE = 8 * 1024 * 1024
 DEFAULT_DRAIN_TIMEOUT = 60.0
+#: Polls at ``poll_interval`` while no file exists yet, before the wait starts doubling up to
+#: ``idle_interval`` (a job that starts at once is seen at once; a queued one is spared).
+IDLE_POLLS_AT_POLL_INTERVAL = 4
 #: Pause between polls of the final drain while waiting for the closed message or a file.
 DRAIN_POLL_INTERVAL = 0.1
 #: Longest stdout/stderr line kept whole; a longer run of bytes without newline is cut.
@@ -295,6 +301,7 @@ class PipesTailMessageReader(PipesMessageReader):
         self._stopping = False
         self._wakeup = threading.Event()
         self._files_seen = False
+        self._idle_polls = 0
         for tail in self._tails.values():
             tail.clear()
 
@@ -317,7 +324,11 @@ class PipesTailMessageReader(PipesMessageReader):
 
     def _next_wait(self) -> float:
         if not self._failures_in_a_row:
-            return self.poll_interval if self._files_seen else self.idle_interval
+            if self._files_seen:
+                return self.poll_interval
+            self._idle_polls += 1
+            doublings = max(0, self._idle_polls - IDLE_POLLS_AT_POLL_INTERVAL)
+            return min(self.idle_interval, self.poll_interval * 2 ** min(doublings, 16))
         backoff = self.poll_interval * 2 ** min(self._failures_in_a_row - 1, 16)
         return min(max(backoff, self.poll_interval), self.max_retry_interval)
 

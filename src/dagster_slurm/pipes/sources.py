@@ -26,14 +26,14 @@ Two implementations:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from dagster_slurm.agent.client import AgentClient
 from dagster_slurm.agent.ops import tail_op
 from dagster_slurm.agent.results import TailChunk, TailRequest
 
-__all__ = ["AgentFileSource", "FileSource", "LocalFileSource"]
+__all__ = ["AgentFileSource", "FileSource", "LocalFileSource", "WatchingFileSource"]
 
 
 @runtime_checkable
@@ -64,6 +64,32 @@ class AgentFileSource:
 
     def __repr__(self) -> str:
         return f"AgentFileSource({self.client.transport!r})"
+
+
+class WatchingFileSource:
+    """A :class:`FileSource` that also looks for one more file in every read: ``watched``
+    (e.g. a job's exit-status file), in the same call as the tailed files, so in the same
+    round trip. ``on_appeared`` is called once, from the reading thread, the first time a
+    read finds it; the callers of :meth:`read` never see it."""
+
+    def __init__(self, inner: FileSource, watched: str, on_appeared: Callable[[], None]) -> None:
+        self.inner = inner
+        self.watched = watched
+        self.on_appeared = on_appeared
+        self.appeared = False
+
+    def read(self, requests: Sequence[TailRequest]) -> list[TailChunk]:
+        if self.appeared:
+            return self.inner.read(requests)
+        chunks = self.inner.read([*requests, TailRequest(self.watched, 0, 1)])
+        found = chunks.pop() if len(chunks) == len(requests) + 1 else None
+        if found is not None and found.exists and not self.appeared:
+            self.appeared = True
+            self.on_appeared()
+        return chunks
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
 
 
 class LocalFileSource:

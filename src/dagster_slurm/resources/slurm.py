@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 
 from dagster import ConfigurableResource
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from dagster_slurm.agent import AgentClient
 from dagster_slurm.config_errors import KnownFieldsOnly
@@ -51,6 +51,17 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         default=0.2,
         description="Minimum seconds between two submissions from one process (sbatch rate limit).",
     )
+    status_max_age: float = Field(
+        default=2.0,
+        description=(
+            "Seconds a squeue answer may be old to serve a job's status poll. Every process of "
+            "the login user shares one answer (a file under remote_base on the login node), "
+            "so however many runs poll, the scheduler sees about one squeue per this many "
+            "seconds; a poll that needs a newer answer (a job it does not list yet, a payload "
+            "that has just ended) still gets one. 0: each poll needs an answer taken after it "
+            "started (concurrent polls still share one). Poll intervals are a floor on top."
+        ),
+    )
 
     @field_validator("remote_base")
     @classmethod
@@ -61,11 +72,11 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
             )
         return value
 
-    @field_validator("submit_interval")
+    @field_validator("submit_interval", "status_max_age")
     @classmethod
-    def _check_interval(cls, value: float) -> float:
+    def _check_interval(cls, value: float, info: ValidationInfo) -> float:
         if value < 0:
-            raise ValueError(f"submit_interval={value!r}: must be >= 0")
+            raise ValueError(f"{info.field_name}={value!r}: must be >= 0")
         return value
 
     @classmethod
@@ -141,6 +152,8 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         scheduler = SlurmScheduler(
             AgentClient(transport, base, self.python, persistent=True),
             submit_interval=self.submit_interval,
+            status_max_age=self.status_max_age,
+            status_path=f"{base.rstrip('/')}/status/squeue-{{uid}}.json",
         )
         with _CACHE_LOCK:
             return _CACHE.setdefault(key, (base, scheduler))

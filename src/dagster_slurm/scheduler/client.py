@@ -24,6 +24,7 @@ from dagster_slurm.agent import (
     AgentOp,
     AgentOpError,
     PendingResult,
+    SharedSqueue,
     exec_op,
     job_status_op,
     submit_op,
@@ -49,6 +50,7 @@ from dagster_slurm.slurm import (
     scancel_argv,
     scontrol_show_config_argv,
     squeue_argv,
+    squeue_user_argv,
 )
 from dagster_slurm.slurm.test_only import TEST_ONLY_ENV, TEST_ONLY_SCRIPT, unanswered
 from dagster_slurm.transport.base import CommandResult
@@ -176,10 +178,18 @@ class SlurmScheduler:
         agent: AgentClient,
         *,
         submit_interval: float = 0.2,
+        status_max_age: float = 2.0,
+        status_path: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.agent = agent
+        #: Seconds the user's shared squeue answer may be old to serve a shared poll.
+        self.status_max_age = status_max_age
+        #: The shared answer's file on the login node (``{uid}`` is filled in there with the
+        #: login user's id); None: no sharing, every poll runs its own squeue.
+        self.status_path = status_path
+        self._client_id = secrets.token_hex(6)
         self.stats = SchedulerStats()
         self._submit_limit = RateLimiter(submit_interval, clock=clock, sleep=sleep)
         self._config: dict[str, str] | None = None
@@ -256,14 +266,18 @@ class SlurmScheduler:
         status_files: Mapping[str, str] | None = None,
         accounting: bool = True,
         heartbeats: Mapping[str, str] | None = None,
+        shared: bool = False,
+        fresh: bool = False,
     ) -> StatusSnapshot:
         """One squeue for every job of ``job_names``; sacct only for known ids it lacks.
 
         ``heartbeats`` (path -> content) are written in the same round trip (0600, atomic,
         never creating a directory: a job directory already removed stays removed); a
-        write that fails is logged and does not affect the answer.
+        write that fails is logged and does not affect the answer. ``shared`` and
+        ``fresh``: see :meth:`status_op`.
         """
-        op = self.status_op(job_names, known_ids, status_files=status_files, accounting=accounting)
+        op = self.status_op(job_names, known_ids, status_files=status_files,
+                            accounting=accounting, shared=shared, fresh=fresh)
         with self.agent.batch() as batch:
             status = batch.add(op)
             beats = [(path, batch.add(write_file_op(path, content)))
@@ -281,20 +295,51 @@ class SlurmScheduler:
         *,
         status_files: Mapping[str, str] | None = None,
         accounting: bool = True,
+        shared: bool = False,
+        fresh: bool = False,
     ) -> AgentOp[JobStatusResult]:
         """The status poll as an agent op, to send in a batch with other operations; turn its
-        result into a :class:`StatusSnapshot` with :meth:`snapshot`."""
+        result into a :class:`StatusSnapshot` with :meth:`snapshot`.
+
+        With ``shared`` (and ``known_ids``), the answer about ``known_ids`` comes from the
+        user's shared squeue answer on the login node (one ``squeue --me`` for every process
+        of the user), when it is at most :attr:`status_max_age` seconds old and lists every
+        known id; with ``fresh`` only an answer taken after the poll started serves it (still
+        one squeue for all polls that need one at that moment). The snapshot then holds only
+        the known ids' jobs, not every job of ``job_names``."""
+        share = None
+        if shared and known_ids and self.status_path:
+            share = SharedSqueue(self.status_path, tuple(squeue_user_argv()),
+                                 0.0 if fresh else self.status_max_age,
+                                 floor=self.status_max_age, client=self._client_id)
         return job_status_op(
             squeue_argv(job_names),
             list(known_ids),
             sacct_argv=sacct_base_argv() if accounting else None,
             status_files=status_files,
+            shared=share,
         )
 
+    def user_status_op(self) -> AgentOp[JobStatusResult] | None:
+        """Every job of the login user, served from the user's shared squeue answer (at most
+        :attr:`status_max_age` old) as an agent op; None without a shared answer's path.
+        Read it with :meth:`snapshot` (``absent`` is empty: nothing is known to be missing)."""
+        if not self.status_path:
+            return None
+        argv = tuple(squeue_user_argv())
+        return job_status_op(list(argv), [], shared=SharedSqueue(
+            self.status_path, argv, self.status_max_age, all_jobs=True,
+            floor=self.status_max_age, client=self._client_id))
+
     def snapshot(self, result: JobStatusResult, now: float | None) -> StatusSnapshot:
-        """The :class:`StatusSnapshot` of a :meth:`status_op` result (counts the calls)."""
+        """The :class:`StatusSnapshot` of a :meth:`status_op` result (counts the calls: a
+        shared answer this poll did not produce costs no squeue; it counts as
+        ``squeue_shared``). ``observed_at`` is when the answer's squeue started, for a shared
+        answer, else ``now``."""
         response_now = now
-        self.stats.count("squeue")
+        if result.squeue.shared_at is not None:
+            response_now = result.squeue.shared_at
+        self.stats.count("squeue" if result.squeue.ran else "squeue_shared")
         acct: dict[str, SacctRecord] = {}
         if result.sacct is not None:
             self.stats.count("sacct")

@@ -5,13 +5,27 @@ request: one ``squeue`` for all tracked names (every state, so a final state sta
 until Slurm purges the job after ``MinJobAge``), the jobs' exit-status files, and one
 batched ``sacct`` only for tracked jobs that have left ``squeue``. The scheduler's state
 decides how a job ended; a status file only gives the exit code.
-The interval backs off while nothing changes and resets on a change; it is kept below half
-of ``MinJobAge`` once that is known, so a final state is normally read from ``squeue``
-itself. Threads waiting on different jobs share polls: a poll younger than the current
+The interval backs off while nothing changes and resets on a change; once a tracked job
+has gone missing from ``squeue`` at a long interval, ``MinJobAge`` is read (once) and the
+interval kept below half of it, so a final state is normally read from ``squeue`` itself
+(the configuration is not read before: one RPC per process that most runs never need). Threads waiting on different jobs share polls: a poll younger than the current
 interval is reused. A job tracked with a heartbeat file gets new content in it (this
 machine's clock, host, pid and a sequence number) with every poll, in the same round trip:
 that is what keeps its job script's dead-man's switch from firing, and what the orphan
 reconciliation reads as the waiting step's sign of life.
+
+Polls are served from the login user's shared squeue answer (see
+:meth:`~dagster_slurm.scheduler.client.SlurmScheduler.status_op`): however many processes
+of one user watch jobs, the scheduler sees about one squeue per ``status_max_age``.
+
+The exit-status shortcut: whoever sees a tracked job's exit-status file appear (the Pipes
+reader reads it in the round trip of its tail) calls :meth:`JobWatcher.payload_ended`. The
+job's waiter then polls at once, with an answer taken after that moment, instead of at the
+end of its back-off; so a job that ends before the first poll (``first_poll`` seconds after
+:meth:`JobWatcher.wait` started) costs one squeue. The status file never decides that the
+job has ended: only the scheduler's state does (the batch script may still run its own
+epilogue after writing it), and while the scheduler still lists the job as running, the
+waiter keeps asking for answers newer than each poll, at the back-off's pace.
 """
 
 from __future__ import annotations
@@ -79,6 +93,9 @@ class JobWatcher:
         self._unseen: dict[str, int] = {}
         self._min_job_age_checked = False
         self._beats = 0
+        self._ended: set[str] = set()
+        self._woken = threading.Condition()
+        self._custom_sleep = sleep is not time.sleep
 
     def track(self, job_id: str, job_name: str, status_file: str | None = None,
               heartbeat_file: str | None = None) -> None:
@@ -93,6 +110,20 @@ class JobWatcher:
         with self._lock:
             self._tracked.pop(job_id, None)
             self._unseen.pop(job_id, None)
+            self._ended.discard(job_id)
+
+    def payload_ended(self, job_id: str) -> None:
+        """``job_id``'s exit-status file exists: its waiter polls now, and every poll until
+        the scheduler says the job has ended needs an answer taken after it started (see the
+        module docstring). Ignored for a job that is not tracked."""
+        with self._lock:
+            if job_id not in self._tracked or job_id in self._ended:
+                return
+            self._ended.add(job_id)
+            self._last_at = float("-inf")
+            self.backoff.observe(True)
+        with self._woken:
+            self._woken.notify_all()
 
     @property
     def interval(self) -> float:
@@ -106,6 +137,7 @@ class JobWatcher:
             if not force and self._last is not None and now - self._last_at < self.backoff.current:
                 return self._last
             tracked = dict(self._tracked)
+            fresh = bool(self._ended & tracked.keys())
             names = sorted({t.job_name for t in tracked.values()})
             files = {j: t.status_file for j, t in tracked.items() if t.status_file}
             self._beats += 1
@@ -113,7 +145,7 @@ class JobWatcher:
                      for t in tracked.values() if t.heartbeat_file}
             snapshot = self.scheduler.status(
                 names, list(tracked), status_files=files, accounting=self.accounting,
-                heartbeats=beats,
+                heartbeats=beats, shared=True, fresh=fresh,
             )
             self._record(snapshot, tracked)
             self._last, self._last_at = snapshot, self._clock()
@@ -129,7 +161,7 @@ class JobWatcher:
                 self._unseen[job_id] = self._unseen.get(job_id, 0) + 1
             else:
                 self._unseen.pop(job_id, None)
-        if not self._min_job_age_checked and self.backoff.current >= 10:
+        if not self._min_job_age_checked and self._unseen and self.backoff.current >= 10:
             self._min_job_age_checked = True
             try:
                 age = self.scheduler.min_job_age()
@@ -166,18 +198,22 @@ class JobWatcher:
         transport_retries: int = 5,
         check: Callable[[], None] | None = None,
         check_interval: float = 3.0,
+        first_poll: float = 0.0,
     ) -> JobObservation:
         """Poll until ``job_id`` is terminal; ``on_poll`` sees every observation.
 
         ``check`` (None: none) is called at least every ``check_interval`` seconds between
         polls, however long the back-off; it raises to stop waiting (e.g. the step's Dagster
-        run has ended).
+        run has ended). ``first_poll``: seconds before the first poll (cut short by
+        :meth:`payload_ended`); 0 polls at once.
 
         Transient transport errors are retried ``transport_retries`` times in a row before
         they propagate. ``timeout`` (seconds, None for no limit) raises :class:`TimeoutError`.
         """
         deadline = None if timeout is None else self._clock() + timeout
         failures = 0
+        if first_poll > 0:
+            self._pause(job_id, first_poll, check, check_interval)
         while True:
             try:
                 observation = self.observe(job_id)
@@ -187,7 +223,7 @@ class JobWatcher:
                 if failures > transport_retries:
                     raise
                 log.warning("scheduler poll failed (%s); retrying", exc)
-                sleep_checking(self._sleep, self.backoff.current, check, check_interval)
+                self._pause(job_id, self.backoff.current, check, check_interval)
                 continue
             if on_poll is not None:
                 on_poll(observation)
@@ -195,4 +231,24 @@ class JobWatcher:
                 return observation
             if deadline is not None and self._clock() >= deadline:
                 raise TimeoutError(f"job {job_id} did not finish within {timeout} s")
-            sleep_checking(self._sleep, self.backoff.current, check, check_interval)
+            self._pause(job_id, self.backoff.current, check, check_interval)
+
+    def _pause(self, job_id: str, seconds: float, check: Callable[[], None] | None,
+               check_interval: float) -> None:
+        """Wait ``seconds`` between two polls of ``job_id``, calling ``check`` at least every
+        ``check_interval`` seconds; returns early once :meth:`payload_ended` was called for
+        it (at once when it already was and no poll has been made since)."""
+        if self._custom_sleep:
+            sleep_checking(self._sleep, seconds, check, check_interval)
+            return
+        end = self._clock() + seconds
+        while True:
+            with self._lock:
+                hinted = job_id in self._ended and self._last_at == float("-inf")
+            remaining = end - self._clock()
+            if hinted or remaining <= 0:
+                return
+            with self._woken:
+                self._woken.wait(min(remaining, check_interval))
+            if check is not None:
+                check()

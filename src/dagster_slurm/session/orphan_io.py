@@ -1,9 +1,13 @@
 """What the orphan reconciliation asks of the cluster: one small interface.
 
-:class:`AgentOrphanIO` lists the run sessions' documents and the asset-scope jobs' records
-in one round trip (one ``find`` over ``<base>/sessions`` and ``<base>/runs``) and reads them
-all, heartbeat files included, in one more; squeue, scancel, transactions and removals
-are one round trip each. Unit tests give the reconciliation an in-memory implementation.
+:class:`AgentOrphanIO` does a tick's reading in one round trip, whatever the number of
+sessions and jobs: the agent's ``scan`` finds and reads the run sessions' documents below
+``<base>/sessions`` and the asset-scope jobs' records (with their heartbeat files) below
+``<base>/runs``, and the same request gets every job of the user from the user's shared
+squeue answer, which :meth:`AgentOrphanIO.queue` then serves (one squeue per
+``status_max_age`` for all processes of the user, whatever the number of sensors). scancel,
+transactions and removals, needed only when there is something to do, are one round trip
+each. Unit tests give the reconciliation an in-memory implementation.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from dagster_slurm.agent import exec_op, read_op, remove_op, tail_op, txn_op
-from dagster_slurm.agent.results import TailRequest
+from dagster_slurm.agent import ScanSpec, remove_op, scan_op, txn_op
+from dagster_slurm.agent.results import ScannedDocument
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import StatusSnapshot
 from dagster_slurm.session.orphan_assets import (
+    HEARTBEAT_NAME,
     RECORD_DEPTH,
     RECORD_NAME,
     RUNS_DIR,
     AssetJobRecord,
-    heartbeat_path_of,
     is_record_path,
     parse_record,
 )
@@ -81,74 +85,74 @@ class OrphanIO(Protocol):
 
 class AgentOrphanIO:
     """:class:`OrphanIO` through the agent of ``slurm`` (a SlurmResource): listing and
-    reading the documents is two round trips whatever their number."""
+    reading the documents, and the user's jobs, are one round trip whatever their number."""
 
     def __init__(self, slurm: SlurmResource) -> None:
         self.slurm = slurm
+        self._queue: StatusSnapshot | None = None
 
     def _roots(self) -> tuple[str, str]:
         base = self.slurm.base_path().rstrip("/")
         return f"{base}/{SESSIONS_DIR}", f"{base}/{RUNS_DIR}"
 
-    def _find(self) -> tuple[list[str], list[str]]:
-        """``(session documents, asset job records)`` in one round trip (a missing root
-        lists nothing)."""
-        sessions_root, runs_root = self._roots()
-        found = self.slurm.agent().run(exec_op(
-            ["find", sessions_root, runs_root, "-mindepth", "2", "-maxdepth", str(RECORD_DEPTH),
-             "(", "-name", SESSION_DOCUMENT, "-o", "-name", RECORD_NAME, ")", "-type", "f",
-             "-print"],
-            timeout=60,
-        ))
-        sessions, records = [], []
-        for line in found.stdout.splitlines():
-            path = line.strip()
-            if path.startswith(sessions_root + "/") and path.endswith("/" + SESSION_DOCUMENT) \
-                    and path[len(sessions_root) + 1:].count("/") == 1:
-                sessions.append(path)
-            elif is_record_path(path, runs_root):
-                records.append(path)
-        return sessions, records
-
     def listing(self) -> OrphanListing:
-        session_paths, record_paths = self._find()
-        if not session_paths and not record_paths:
-            return OrphanListing()
+        sessions_root, runs_root = self._roots()
+        scheduler = self.slurm.scheduler()
+        user_jobs = scheduler.user_status_op()
         with self.slurm.agent().batch() as batch:
-            reads = [batch.add(read_op(path)) for path in session_paths + record_paths]
-            beats = batch.add(tail_op([TailRequest(heartbeat_path_of(p), 0, 256)
-                                       for p in record_paths])) if record_paths else None
+            scan = batch.add(scan_op([
+                ScanSpec(sessions_root, SESSION_DOCUMENT, 2),
+                ScanSpec(runs_root, RECORD_NAME, RECORD_DEPTH, sibling=HEARTBEAT_NAME),
+            ]))
+            queue = batch.add(user_jobs) if user_jobs is not None else None
         now = batch.response.now if batch.response else 0.0
+        self._queue = scheduler.snapshot(queue.result(), now) if queue is not None else None
         sessions: list[SessionRecord] = []
-        for path, pending in zip(session_paths, reads, strict=False):
-            try:
-                doc = document(pending.result().doc)
-            except (DagsterSlurmError, ValidationError) as exc:
-                log.warning("skipping unreadable session document %s (left as it is): %s",
-                            path, exc)
-                continue
-            if doc is not None:
-                sessions.append(SessionRecord(path, doc, now))
-        chunks = beats.result().files if beats is not None else ()
-        texts = {c.path: (c.data if c.exists else None) for c in chunks}
         jobs: list[AssetJobRecord] = []
-        for path, pending in zip(record_paths, reads[len(session_paths):], strict=True):
-            try:
-                record = parse_record(path, pending.result().doc,
-                                      texts.get(heartbeat_path_of(path)), now)
-            except DagsterSlurmError as exc:
-                log.warning("skipping unreadable asset job record %s (left as it is): %s",
-                            path, exc)
-                continue
-            if record is not None:
-                jobs.append(record)
+        for entry in scan.result().entries:
+            if entry.path.startswith(sessions_root + "/"):
+                self._session(entry, now, sessions)
+            elif is_record_path(entry.path, runs_root):
+                self._record(entry, now, jobs)
         return OrphanListing(sessions, jobs)
+
+    @staticmethod
+    def _session(entry: ScannedDocument, now: float, out: list[SessionRecord]) -> None:
+        try:
+            if entry.error is not None:
+                raise DagsterSlurmError(entry.error)
+            doc = document(entry.doc)
+        except (DagsterSlurmError, ValidationError) as exc:
+            log.warning("skipping unreadable session document %s (left as it is): %s",
+                        entry.path, exc)
+            return
+        if doc is not None:
+            out.append(SessionRecord(entry.path, doc, now))
+
+    @staticmethod
+    def _record(entry: ScannedDocument, now: float, out: list[AssetJobRecord]) -> None:
+        beat = entry.sibling.data if entry.sibling is not None and entry.sibling.exists else None
+        try:
+            if entry.error is not None:
+                raise DagsterSlurmError(entry.error)
+            record = parse_record(entry.path, entry.doc, beat, now)
+        except DagsterSlurmError as exc:
+            log.warning("skipping unreadable asset job record %s (left as it is): %s",
+                        entry.path, exc)
+            return
+        if record is not None:
+            out.append(record)
 
     def sessions(self) -> list[SessionRecord]:
         """The session documents of :meth:`listing`."""
         return self.listing().sessions
 
     def queue(self, job_names: Sequence[str]) -> StatusSnapshot:
+        """The user's jobs as read with the last :meth:`listing` (every job of the user, so
+        every job of ``job_names``; once), else one squeue for ``job_names``."""
+        snapshot, self._queue = self._queue, None
+        if snapshot is not None:
+            return snapshot
         return self.slurm.scheduler().status(list(job_names), accounting=False)
 
     def cancel(self, job_name: str) -> None:

@@ -21,6 +21,7 @@ from dagster_slurm.slurm.commands import (
     scontrol_show_config_argv,
     scontrol_update_timelimit_argv,
     squeue_argv,
+    squeue_user_argv,
 )
 from dagster_slurm.slurm.directives import (
     FORBIDDEN_SBATCH_OPTIONS,
@@ -86,6 +87,7 @@ __all__ = [
     "scontrol_show_config_argv",
     "scontrol_update_timelimit_argv",
     "squeue_argv",
+    "squeue_user_argv",
     "validate_extra_sbatch_directives",
     "validate_job_name",
     "validate_slurm_name",

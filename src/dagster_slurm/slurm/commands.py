@@ -285,6 +285,12 @@ def squeue_argv(
     return argv
 
 
+def squeue_user_argv() -> list[str]:
+    """``squeue`` argv listing every job of the calling user (``--me``) in every state, in
+    :data:`SQUEUE_FORMAT`: the one query a user's shared status answer comes from."""
+    return ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}", "--states=all", "--me"]
+
+
 #: ``squeue --Format`` fields of :func:`squeue_observe_argv`: those of :data:`SQUEUE_FIELDS`
 #: plus the trackable resources the scheduler reports (``tres-alloc``: the grant once a job
 #: runs), which ``--format`` cannot print. The comment stays last.

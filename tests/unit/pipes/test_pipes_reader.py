@@ -361,11 +361,19 @@ def test_one_block_at_a_time(files: Files) -> None:
 
 
 def test_polls_slowly_until_a_file_exists_and_wakes_on_request(files: Files) -> None:
-    reader = files.reader(poll_interval=0.01, idle_interval=30.0)
+    reader = files.reader(poll_interval=30.0, idle_interval=60.0)
     with reader.read_messages(RecordingHandler()):  # type: ignore[arg-type]
-        wait_for(lambda: reader.stats.polls == 1)
-        time.sleep(0.2)
-        assert reader.stats.polls == 1  # the job is queued: nothing to read yet
+        wait_for(lambda: reader.stats.polls == 1)  # the job is queued: nothing to read yet
         files.append(files.stdout, b"started\n")
         reader.wake()
-        wait_for(lambda: reader.stats.polls >= 10)  # a file exists: poll_interval applies
+        wait_for(lambda: reader.stats.polls == 2)  # woken, not at the end of its wait
+        wait_for(lambda: reader.stats.stdout_lines == 1)
+
+
+def test_the_wait_doubles_from_poll_interval_to_idle_interval_while_no_file_exists(
+    files: Files,
+) -> None:
+    reader = files.reader(poll_interval=0.25, idle_interval=1.0)
+    assert [reader._next_wait() for _ in range(7)] == [0.25] * 4 + [0.5, 1.0, 1.0]
+    reader._files_seen = True  # once a file exists, poll_interval applies
+    assert reader._next_wait() == 0.25

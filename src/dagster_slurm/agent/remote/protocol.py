@@ -39,6 +39,7 @@ from .common import OpContext, OpError
 from .document import op_read, op_txn
 from .files import op_exec, op_mkdir, op_remove, op_tail, op_write_file
 from .observe import op_observe_session
+from .scan import op_scan
 from .scheduler import op_job_status, op_submit
 
 PROTOCOL_VERSION = 1
@@ -52,6 +53,7 @@ HANDLERS: dict = {
     "observe_session": op_observe_session,
     "txn": op_txn,
     "read": op_read,
+    "scan": op_scan,
     "tail": op_tail,
     "submit": op_submit,
     "write_file": op_write_file,

@@ -46,6 +46,9 @@ from .common import (
 )
 from .document import locked_transaction
 from .patch import get_path, make_pointer, parse_pointer
+from .status_cache import lines_of, listed_job_ids, shared_squeue
+
+__all__ = ["listed_job_ids", "op_job_status", "op_submit", "parse_job_id", "squeue_then_sacct"]
 
 STATUS_FILE_LIMIT = 64 * 1024
 _TOKEN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -63,30 +66,20 @@ def parse_job_id(stdout: str) -> str | None:
     return None
 
 
-def listed_job_ids(squeue_stdout: str, known_ids: list) -> set:
-    """The ``known_ids`` that appear as the first field of a line (array/het suffixes count)."""
-    firsts = set()
-    for line in squeue_stdout.splitlines():
-        head = line.strip().split("|", 1)[0].split()
-        if head:
-            firsts.add(head[0])
-    present = set()
-    for job_id in known_ids:
-        if job_id in firsts or any(f.startswith((job_id + "_", job_id + "+")) for f in firsts):
-            present.add(job_id)
-    return present
-
-
 def op_job_status(params: dict, ctx: OpContext) -> dict:
     """``job_status``: one ``squeue``, status files, and one batched ``sacct`` for the rest.
 
     Parameters: ``squeue_argv``, ``known_ids``, optional ``sacct_argv`` (``--jobs=<ids>`` is
-    appended), optional ``status_files`` ({job_id: path}), ``timeout`` per command.
-    Returns ``squeue`` (rc/stdout/stderr), ``absent_ids`` (known ids not listed by squeue;
-    None when squeue failed), ``status_files`` ({job_id: {exists, data}}), ``sacct_ids`` and
-    ``sacct`` (None when not run). sacct runs for every absent id, with a status file or
-    not: the scheduler's final state decides how a job ended (a job cancelled before its
-    payload started leaves a status file saying 0).
+    appended), optional ``status_files`` ({job_id: path}), ``timeout`` per command, optional
+    ``shared`` (``{"path", "argv", "max_age", "wait"}``: the answer comes from the user's
+    shared squeue answer, see :mod:`.status_cache`; ``squeue_argv`` is then not run, and the
+    answer keeps only the lines of ``known_ids``, unless ``shared.all_jobs``).
+    Returns ``squeue`` (rc/stdout/stderr, plus ``shared`` {at, age, ran} when shared),
+    ``absent_ids`` (known ids not listed by squeue; None when squeue failed),
+    ``status_files`` ({job_id: {exists, data}}), ``sacct_ids`` and ``sacct`` (None when not
+    run). sacct runs for every absent id, with a status file or not: the scheduler's final
+    state decides how a job ended (a job cancelled before its payload started leaves a
+    status file saying 0).
     """
     squeue_argv = get_argv(params, "squeue_argv")
     known = params.get("known_ids") or []
@@ -97,17 +90,28 @@ def op_job_status(params: dict, ctx: OpContext) -> dict:
     files = params.get("status_files") or {}
     if not isinstance(files, dict) or not all(isinstance(p, str) and p for p in files.values()):
         raise bad_request("parameter 'status_files' must map job ids to paths")
-    result = squeue_then_sacct(params, squeue_argv, known_ids, timeout)
+    shared = params.get("shared")
+    squeue = None
+    if shared is not None:
+        if not isinstance(shared, dict):
+            raise bad_request("parameter 'shared' must be an object with path and argv")
+        squeue = shared_squeue(shared, known_ids, timeout, _run_quietly, warnings=ctx.warnings)
+        if not shared.get("all_jobs"):
+            squeue["stdout"] = lines_of(squeue.get("stdout") or "", known_ids)
+    result = squeue_then_sacct(params, squeue_argv, known_ids, timeout, squeue=squeue)
     # Status files are read after squeue: a job squeue no longer lists has written its file.
     result["status_files"] = {str(k): _read_status_file(v) for k, v in files.items()}
     return result
 
 
-def squeue_then_sacct(params: dict, squeue_argv: list, known_ids: list, timeout: float) -> dict:
-    """One ``squeue``; when it answered, the ``known_ids`` it did not list (``absent_ids``)
-    and, with ``params["sacct_argv"]``, one ``sacct --jobs=<those ids>``. A header line
-    (``JOBID|...``, from ``squeue --Format``) is skipped when reading the listed ids."""
-    squeue = _run_quietly(squeue_argv, timeout)
+def squeue_then_sacct(params: dict, squeue_argv: list, known_ids: list, timeout: float,
+                      squeue: dict | None = None) -> dict:
+    """One ``squeue`` (or the answer ``squeue`` already got); when it answered, the
+    ``known_ids`` it did not list (``absent_ids``) and, with ``params["sacct_argv"]``, one
+    ``sacct --jobs=<those ids>``. A header line (``JOBID|...``, from ``squeue --Format``) is
+    skipped when reading the listed ids."""
+    if squeue is None:
+        squeue = _run_quietly(squeue_argv, timeout)
     result = {"squeue": squeue, "absent_ids": None, "sacct_ids": [], "sacct": None}
     if squeue["rc"] != 0:
         return result
