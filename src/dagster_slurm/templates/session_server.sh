@@ -57,6 +57,10 @@
 #     minute, and it comes from another machine's clock;
 #   * TERM, INT or HUP that is not the drain signal: the steps get TERM, the server leaves.
 set -u
+# An @(a|b) pattern (from a variable: no extglob syntax to parse) lets __ss_scan list
+# requests/ once for both suffixes, filtered by the shell's globbing.
+shopt -s extglob
+__ss_listed='@(*.request|*.cancel)'
 
 __ss_session_dir=@@{session_dir}
 __ss_heartbeat_file=@@{heartbeat_file}
@@ -313,7 +317,7 @@ __ss_reap() {
 __ss_scan() {
     local file id
     __ss_cancel_ids=()
-    for file in "$__ss_requests"/*; do
+    for file in "$__ss_requests"/$__ss_listed; do
         id=${file##*/}
         case $id in
             *.request)

@@ -599,6 +599,22 @@ def test_an_idle_server_is_woken_by_a_request(tmp_path: Path) -> None:
         _wait_idle(server, 2)
 
 
+def test_requests_and_cancels_are_listed_under_a_path_with_spaces_and_quotes(
+        tmp_path: Path) -> None:
+    root = tmp_path / "a [dir] with 'quotes' *"
+    root.mkdir()
+    with step_server(root) as server:
+        server.wait_ready()
+        assert server.status(server.request("r1", "exit 3")) == "3"
+        started = root / "started"
+        inv = server.request("r2", f"touch {shlex.quote(str(started))}\n"
+                             + WAIT_LOOP.format(flag=shlex.quote(str(root / "never"))))
+        wait_for(started.exists, what="the step to start")
+        server.cancel("r2")
+        assert server.status(inv) == str(128 + signal.SIGTERM)
+        assert "found on a wake-up" in server.log()
+
+
 def test_a_request_nobody_wakes_for_is_found_by_the_listing(tmp_path: Path) -> None:
     # what a request written on another host than the server's gets
     with step_server(tmp_path) as server:
