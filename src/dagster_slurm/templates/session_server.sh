@@ -23,8 +23,8 @@
 #     pending (a drain not yet delivered to a running step, retried every second; a
 #     cancelled step still running, KILLed 10 s after TERM); otherwise it doubles per idle
 #     round up to 2 s (logged once per idle spell), so an idle allocation lists its request
-#     directory 30 times a minute instead of 600. No wait is longer than 2 s, so the
-#     heartbeat check keeps its 2 s period;
+#     directory 30 times a minute (at the floor: about 550). No wait is longer than 2 s, so
+#     the heartbeat check keeps its 2 s period;
 #   * wake-up: the wait is a 'read -t' on the FIFO <job dir>/wake, which this server holds
 #     open for reading and writing (opening it never blocks, and a writer never meets "no
 #     reader" while the server lives). Whoever writes a request or a cancel file then
