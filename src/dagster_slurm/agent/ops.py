@@ -280,6 +280,7 @@ def write_file_op(
     mode: int = 0o600,
     makedirs: bool = False,
     dir_mode: int = 0o700,
+    wake: str | None = None,
 ) -> AgentOp[PathResult]:
     """Write ``content`` to ``path`` atomically with exactly ``mode``.
 
@@ -287,10 +288,17 @@ def write_file_op(
     directory is created with ``dir_mode`` (0o700), so that what the library writes (job
     scripts, environment files, Pipes context) is readable by its owner only. Pass
     0o644/0o755 for files shared with other users on purpose.
+
+    ``wake``: a FIFO to write one newline to once the file is written (a step server's wake
+    FIFO), opened non-blocking; no reader (none on the login node's host), a missing FIFO or
+    a full pipe never fail the write (``PathResult.woken`` says whether a reader got it).
+    None: no wake-up.
     """
     params: dict[str, Any] = {
         "path": path, "mode": mode, "makedirs": makedirs, "dir_mode": dir_mode,
     }
+    if wake is not None:
+        params["wake"] = wake
     if isinstance(content, bytes):
         params["content_b64"] = base64.b64encode(content).decode("ascii")
     else:

@@ -294,11 +294,18 @@ class SubmitResult:
 
 @dataclass(frozen=True)
 class PathResult:
-    """Outcome of ``write_file``/``mkdir``/``remove``: ``changed`` means created or removed."""
+    """Outcome of ``write_file``/``mkdir``/``remove``: ``changed`` means created or removed.
+
+    ``woken``: for a ``write_file`` with ``wake``, whether a reader of that FIFO got the
+    line (False: none on the agent's host, or no FIFO); None without ``wake``.
+    """
 
     path: str
     changed: bool
+    woken: bool | None = None
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> PathResult:
-        return cls(raw["path"], bool(raw.get("created", raw.get("existed", True))))
+        woken = raw.get("woken")
+        return cls(raw["path"], bool(raw.get("created", raw.get("existed", True))),
+                   None if woken is None else bool(woken))

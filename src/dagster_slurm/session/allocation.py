@@ -2,7 +2,11 @@
 
 A step is started by writing its files and a request file in one round trip; the
 allocation's step server (``templates/session_server.sh``) claims the request and starts the
-step with ``srun --overlap`` on the head node. Waiting for a step reads its status and drain
+step with ``srun --overlap`` on the head node. The request's write (and a cancel's) also
+writes one line to the server's wake FIFO, in the same agent operation, so that a server
+that lists its request directory only every 2 s while idle starts the step at once; that
+works when the agent runs on the allocation's head node host (a FIFO carries nothing
+between hosts), otherwise the server's next listing finds the request, at most 2 s later. Waiting for a step reads its status and drain
 files (one round trip each read; every ``poll_interval`` seconds at first, slowing to one
 read every ``MAX_STEP_POLL_INTERVAL`` seconds for long steps) and asks the scheduler about
 the allocation every ``allocation_check_interval`` seconds in the same round trip, so an
@@ -161,11 +165,15 @@ class SlurmAllocation:
         files: Mapping[str, tuple[str | bytes, int]] | None = None,
         request_id: str | None = None,
         after: Mapping[str, str] | None = None,
+        wake: bool = True,
     ) -> StepHandle:
         """Write the step's script and ``files`` and request the step, in one round trip;
         then, in the same round trip, the files of ``after`` (path -> text: the call's
         record), written only once the request is.
 
+        ``wake``: write a line to the step server's wake FIFO once the request is written
+        (False: the server finds the request by its own listing, within its idle interval
+        of 2 s, as it does for a request written on another host).
         ``request_id``: the request's id (None: a new one, :func:`new_request_id`). Refused
         with :class:`SlurmAllocationEnded` (state ``REPLACED``) when the session no longer
         has this allocation as its current one (nothing is written then).
@@ -186,7 +194,8 @@ class SlurmAllocation:
                 written.append(batch.add(write_file_op(path, content, mode=mode, makedirs=True),
                                          requires=[current]))
             requested = batch.add(
-                write_file_op(self.paths.request(self.job_id, request_id), request, makedirs=True),
+                write_file_op(self.paths.request(self.job_id, request_id), request, makedirs=True,
+                              wake=self.paths.wake(self.job_id) if wake else None),
                 requires=[current, *written],
             )
             recorded = [batch.add(write_file_op(path, text, makedirs=True), requires=[requested])
@@ -199,12 +208,17 @@ class SlurmAllocation:
             )
         for item in [*written, requested, *recorded]:
             item.result()
+        if wake and requested.result().woken is False:
+            log.debug("step %s requested; the step server of %s was not woken (no reader of "
+                      "its wake FIFO on the agent's host): its next listing finds the request",
+                      step_name, self.job_id)
         return StepHandle(request_id, step_name, paths)
 
     def cancel_op(self, handle: StepHandle) -> Any:
         """The agent operation asking the step server to stop the step (TERM, then KILL
-        after 10 s), for a batch of the caller's."""
-        return write_file_op(self.paths.request(self.job_id, handle.request_id, "cancel"), "\n")
+        after 10 s), for a batch of the caller's; it wakes the server like a request."""
+        return write_file_op(self.paths.request(self.job_id, handle.request_id, "cancel"), "\n",
+                             wake=self.paths.wake(self.job_id))
 
     def cancel_step(self, handle: StepHandle) -> None:
         """Ask the step server to stop the step (TERM, then KILL after 10 s)."""

@@ -7,7 +7,8 @@ Layout under ``<base>/sessions/<run id>-<config digest>/``::
     heartbeat                  rewritten by the supervisors; its content feeds the dead-man's switch
     allocation-<job id>.log    the allocation's batch output (Ray start, step server)
     submit/<token>/            the allocation's batch script and step server, per submission
-    jobs/<job id>/             per allocation: nodes, ready, drained, requests/, steps/
+    jobs/<job id>/             per allocation: nodes, ready, drained, requests/, steps/,
+                               wake (the step server's wake FIFO)
     jobs/<job id>/steps/<step>/<invocation>/   one compute.run: Pipes files, status, drain
     jobs/<job id>/calls/<step>/<n>.json        which invocation the step's call n uses, while
                                                its outcome is unread (dagster_slurm.session.reattach)
@@ -92,6 +93,12 @@ class SessionPaths:
 
     def request(self, job_id: str, request_id: str, suffix: str = "request") -> str:
         return f"{self.job_dir(job_id)}/requests/{request_id}.{suffix}"
+
+    def wake(self, job_id: str) -> str:
+        """Allocation ``job_id``'s wake FIFO: its step server waits on it between two
+        listings of ``requests/``; one line written to it ends the wait (a reader exists
+        only on the server's host; see ``templates/session_server.sh``)."""
+        return f"{self.job_dir(job_id)}/wake"
 
     def steps_dir(self, job_id: str) -> str:
         return f"{self.job_dir(job_id)}/steps"

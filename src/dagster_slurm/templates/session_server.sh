@@ -16,6 +16,27 @@
 #     claims it by renaming it to <id>.taken and starts 'srun --overlap' on the head node in
 #     a session of its own;
 #   * requests/<id>.cancel sends TERM to that step's srun (KILL 10 s later);
+#   * pace: each round of the main loop lists requests/ once (new requests and cancels),
+#     reaps ended steps, delivers a pending drain and checks the heartbeat, then waits. The
+#     wait is 0.1 s (the floor) after a round that did something (claimed a request, sent
+#     TERM for a new cancel, reaped a step, sent the drain signal) and while timed work is
+#     pending (a drain not yet delivered to a running step, retried every second; a
+#     cancelled step still running, KILLed 10 s after TERM); otherwise it doubles per idle
+#     round up to 2 s (logged once per idle spell), so an idle allocation lists its request
+#     directory 30 times a minute (at the floor: about 550). No wait is longer than 2 s, so
+#     the heartbeat check keeps its 2 s period;
+#   * wake-up: the wait is a 'read -t' on the FIFO <job dir>/wake, which this server holds
+#     open for reading and writing (opening it never blocks, and a writer never meets "no
+#     reader" while the server lives). Whoever writes a request or a cancel file then
+#     opens the FIFO non-blocking and writes one newline (the library's agent does, in the
+#     same operation as the write; "no reader" and a full pipe are ignored): the server
+#     wakes at once and finds the file in the listing that follows. A FIFO carries bytes
+#     only between processes of one host: a writer on another host (a login node that is
+#     not the allocation's head node) finds no reader there, and its request is found by
+#     the next listing, at most 2 s later. The server's own traps (drain, leave) write a
+#     line "signal" so that their work does not wait either ('read' goes on waiting after
+#     a trap ran). Without the FIFO (mkfifo or the open failed: logged) the loop lists
+#     every 0.1 s;
 #   * the drain signal is recorded in <job dir>/drained and sent to the running payload
 #     steps only, as 'scancel --signal=<SIG> <job>.<step>': to the step's tasks, never to
 #     srun (srun answers TERM by killing the step, so a draining payload could not finish
@@ -27,7 +48,8 @@
 #     0" without starting anything (draining is permanent for the allocation). A drained
 #     file found at startup (a successor drained while it stood by for its promotion, see
 #     successor_standby.sh) counts as a drain before the first step;
-#   * a step whose srun ended without the step writing its status gets srun's status;
+#   * a step whose srun ended without the step writing its status gets srun's status, at
+#     the next round (a step's end does not wake the server: up to 2 s later when idle);
 #   * with a heartbeat limit, the allocation cancels itself once the CONTENT of the
 #     supervisors' heartbeat file (each beat writes a new value) has not changed for that
 #     many seconds, measured by this server's own monotonic clock (its dead-man's switch).
@@ -35,6 +57,10 @@
 #     minute, and it comes from another machine's clock;
 #   * TERM, INT or HUP that is not the drain signal: the steps get TERM, the server leaves.
 set -u
+# An @(a|b) pattern (from a variable: no extglob syntax to parse) lets __ss_scan list
+# requests/ once for both suffixes, filtered by the shell's globbing.
+shopt -s extglob
+__ss_listed='@(*.request|*.cancel)'
 
 __ss_session_dir=@@{session_dir}
 __ss_heartbeat_file=@@{heartbeat_file}
@@ -50,6 +76,21 @@ __ss_drained=""
 __ss_leaving=""
 __ss_started=$(date +%s)
 __ss_last_check=0
+# The main loop's pace (see the header), in milliseconds: the floor, the longest idle wait,
+# and the wait of the coming round. __ss_busy: this round did something; __ss_pending:
+# timed work waits (a drain to deliver, a cancelled step to KILL).
+__ss_floor_ms=100
+__ss_idle_ms=2000
+__ss_wait_ms=$__ss_floor_ms
+__ss_busy=""
+__ss_pending=""
+# The wake FIFO: its path, the descriptor this server holds it open on (empty: no FIFO,
+# the loop lists every 0.1 s), whether a trap has written its line and it is not read yet,
+# and how this round's requests were found (written into the "started step" lines).
+__ss_wake_file="$__ss_job_dir/wake"
+__ss_wake_fd=""
+__ss_self_woken=""
+__ss_found="by the listing"
 declare -A __ss_pids=()
 declare -A __ss_status=()
 declare -A __ss_killed_at=()
@@ -69,7 +110,16 @@ __ss_write_atomic() {
     printf '%s\n' "$2" > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"
 }
 
+# Wake the main loop from a trap (one line "signal" at most until the loop has read it: the
+# pipe never fills, so the write never blocks).
+__ss_wake_self() {
+    [ -n "$__ss_wake_fd" ] && [ -z "$__ss_self_woken" ] || return 0
+    __ss_self_woken=1
+    printf 'signal\n' >&"$__ss_wake_fd" 2>/dev/null || :
+}
+
 __ss_on_drain() {
+    __ss_wake_self
     if [ -z "$__ss_drained" ]; then
         __ss_drained=$__ss_drain_signal
         __ss_write_atomic "$__ss_job_dir/drained" "$__ss_drain_signal"
@@ -111,6 +161,7 @@ __ss_deliver_drain() {
         [ -n "$__ss_stepid" ] || continue
         if scancel "--signal=$__ss_drain_signal" "$__ss_job.$__ss_stepid" 2>/dev/null; then
             __ss_drain_sent[$id]=1
+            __ss_busy=1
             __ss_log "drain signal $__ss_drain_signal sent to step $__ss_job.$__ss_stepid" \
                 "(${__ss_names[$id]})"
         fi
@@ -120,6 +171,7 @@ __ss_deliver_drain() {
 __ss_on_leave() {
     local id
     __ss_leaving=$1
+    __ss_wake_self
     __ss_log "signal $1 received; stopping ${#__ss_pids[@]} running step(s)"
     for id in "${!__ss_pids[@]}"; do
         kill -TERM "${__ss_pids[$id]}" 2>/dev/null || :
@@ -136,6 +188,15 @@ mkdir -p -- "$__ss_requests" || {
     exit 125
 }
 ln -sfn -- "$__ss_launch_dir" "$__ss_job_dir/launch" 2>/dev/null || :
+# The wake FIFO, open before the ready file says that steps may be requested.
+if { [ -p "$__ss_wake_file" ] || { rm -f -- "$__ss_wake_file" && mkfifo -m 600 -- "$__ss_wake_file"; }; } \
+    2>/dev/null && { exec {__ss_wake_fd}<>"$__ss_wake_file"; } 2>/dev/null; then
+    :
+else
+    __ss_wake_fd=""
+    __ss_log "cannot create or open the wake FIFO $__ss_wake_file; listing requests every" \
+        "0.1 s instead"
+fi
 # A drain recorded before this server started (a successor's standby records the drain
 # signal it gets before its promotion) holds for the whole allocation: no step starts.
 if [ -e "$__ss_job_dir/drained" ]; then
@@ -193,7 +254,10 @@ __ss_ray_watch() {
 }
 __ss_server_pid=$$
 __ss_ray_watch_pid=""
-if [ -n "${RAY_ADDRESS:-}" ]; then
+if [ -n "${RAY_ADDRESS:-}" ] && [ -n "$__ss_wake_fd" ]; then
+    __ss_ray_watch < /dev/null {__ss_wake_fd}<&- &
+    __ss_ray_watch_pid=$!
+elif [ -n "${RAY_ADDRESS:-}" ]; then
     __ss_ray_watch < /dev/null &
     __ss_ray_watch_pid=$!
 fi
@@ -215,15 +279,20 @@ __ss_start() {
         __ss_log "step $name not started: the allocation is draining"
         return 0
     fi
-    setsid srun --overlap --nodes=1 --ntasks=1 "--nodelist=$__ss_head" --mem=0 \
-        --export=ALL "--job-name=$name" bash "$script" > "$out" 2> "$err" < /dev/null &
+    local -a step=(setsid srun --overlap --nodes=1 --ntasks=1 "--nodelist=$__ss_head" --mem=0
+                   --export=ALL "--job-name=$name" bash "$script")
+    if [ -n "$__ss_wake_fd" ]; then  # the step does not get the wake FIFO
+        "${step[@]}" > "$out" 2> "$err" < /dev/null {__ss_wake_fd}<&- &
+    else
+        "${step[@]}" > "$out" 2> "$err" < /dev/null &
+    fi
     __ss_pids[$id]=$!
     __ss_status[$id]=$status
     __ss_names[$id]=$name
     __ss_stepfile[$id]=$stepfile
     # A drain that arrives from now on reaches this step once it has written its step id
     # (__ss_deliver_drain runs on every round of the main loop).
-    __ss_log "started step $name (request $id)"
+    __ss_log "started step $name (request $id, found $__ss_found)"
 }
 
 # Reap the steps whose srun has ended.
@@ -237,32 +306,98 @@ __ss_reap() {
             __ss_log "step of request $id ended (srun status $rc) without writing its status"
             __ss_write_atomic "${__ss_status[$id]}" "$rc"
         fi
+        __ss_busy=1
         unset "__ss_pids[$id]" "__ss_status[$id]" "__ss_killed_at[$id]" "__ss_names[$id]" \
             "__ss_stepfile[$id]" "__ss_drain_sent[$id]" "__ss_drain_tried[$id]"
     done
 }
 
-# Cancel requests: TERM to the step's srun at once, KILL 10 s later.
+# One listing of requests/ per round: claim and start each new request (in name order),
+# and collect the ids of the cancel files into __ss_cancel_ids.
+__ss_scan() {
+    local file id
+    __ss_cancel_ids=()
+    for file in "$__ss_requests"/$__ss_listed; do
+        id=${file##*/}
+        case $id in
+            *.request)
+                id=${id%.request}
+                mv -- "$file" "$__ss_requests/$id.taken" 2>/dev/null || continue
+                __ss_busy=1
+                __ss_start "$id"
+                ;;
+            *.cancel) __ss_cancel_ids+=("${id%.cancel}") ;;
+        esac
+    done
+}
+
+# Cancel requests (the ids __ss_scan listed): TERM to the step's srun at once, KILL 10 s
+# later. A cancel file whose step is not running (ended, or never requested) is removed.
 __ss_cancels() {
-    local file id now
+    local id now
+    [ "${#__ss_cancel_ids[@]}" -gt 0 ] || return 0
     __hb_clock
     now=$__hb_now
-    for file in "$__ss_requests"/*.cancel; do
-        [ -e "$file" ] || continue
-        id=${file##*/}
-        id=${id%.cancel}
+    for id in "${__ss_cancel_ids[@]}"; do
         if [ -z "${__ss_pids[$id]-}" ]; then
-            [ -e "$__ss_requests/$id.request" ] || rm -f -- "$file"
+            [ -e "$__ss_requests/$id.request" ] || rm -f -- "$__ss_requests/$id.cancel"
             continue
         fi
         if [ -z "${__ss_killed_at[$id]-}" ]; then
-            __ss_log "cancelling step of request $id"
+            __ss_log "cancelling step of request $id (found $__ss_found)"
             kill -TERM "${__ss_pids[$id]}" 2>/dev/null || :
             __ss_killed_at[$id]=$now
+            __ss_busy=1
         elif [ $((now - __ss_killed_at[$id])) -ge 10 ]; then
             kill -KILL "${__ss_pids[$id]}" 2>/dev/null || :
         fi
     done
+}
+
+# Timed work waiting into __ss_pending: a running step that was cancelled (its KILL is due
+# 10 s after TERM) or, after a drain, has not had the drain signal yet (tried every second).
+__ss_timed_work() {
+    local id
+    __ss_pending=""
+    for id in "${!__ss_pids[@]}"; do
+        if [ -n "${__ss_killed_at[$id]-}" ] \
+            || { [ -n "$__ss_drained" ] && [ -z "${__ss_drain_sent[$id]-}" ]; }; then
+            __ss_pending=1
+            return 0
+        fi
+    done
+}
+
+# The wait between two rounds (see "pace" and "wake-up" in the header): the floor after
+# activity or while timed work waits, else twice the last wait up to the idle interval;
+# spent in 'read -t' on the wake FIFO, which a request's writer or a trap ends at once.
+__ss_pause() {
+    local ms=$((__ss_wait_ms * 2)) line secs n=0
+    if [ -z "$__ss_wake_fd" ]; then
+        sleep 0.1 2>/dev/null || sleep 1
+        return 0
+    fi
+    if [ -n "$__ss_busy$__ss_pending" ]; then
+        ms=$__ss_floor_ms
+    elif [ "$ms" -ge "$__ss_idle_ms" ]; then
+        ms=$__ss_idle_ms
+        [ "$__ss_wait_ms" -ge "$__ss_idle_ms" ] \
+            || __ss_log "idle: listing requests every $((__ss_idle_ms / 1000)) s until woken"
+    fi
+    __ss_wait_ms=$ms
+    __ss_found="by the listing"
+    printf -v secs '%d.%03d' $((ms / 1000)) $((ms % 1000))
+    if IFS= read -r -t "$secs" -u "$__ss_wake_fd" line; then
+        __ss_wait_ms=$__ss_floor_ms
+        # Take every line written meanwhile (a bounded number: one round serves them all).
+        while :; do
+            [ "$line" = signal ] || __ss_found="on a wake-up"
+            n=$((n + 1))
+            [ "$n" -lt 64 ] && read -r -t 0 -u "$__ss_wake_fd" || break
+            IFS= read -r -t 1 -u "$__ss_wake_fd" line || break
+        done
+    fi
+    __ss_self_woken=""
 }
 
 # The dead-man's switch: heartbeat content unchanged for longer than the limit (by this
@@ -284,19 +419,16 @@ __ss_check_heartbeat() {
     fi
 }
 
+__ss_cancel_ids=()
 while [ -z "$__ss_leaving" ]; do
-    for __ss_file in "$__ss_requests"/*.request; do
-        [ -e "$__ss_file" ] || continue
-        __ss_id=${__ss_file##*/}
-        __ss_id=${__ss_id%.request}
-        mv -- "$__ss_file" "$__ss_requests/$__ss_id.taken" 2>/dev/null || continue
-        __ss_start "$__ss_id"
-    done
+    __ss_busy=""
+    __ss_scan
     __ss_reap
     __ss_deliver_drain
     __ss_cancels
     __ss_check_heartbeat
-    sleep 0.1 2>/dev/null || sleep 1
+    __ss_timed_work
+    [ -n "$__ss_leaving" ] || __ss_pause
 done
 # Leaving: give the steps a moment to write their status, then go.
 [ -z "$__ss_ray_watch_pid" ] || kill -TERM "$__ss_ray_watch_pid" 2>/dev/null || :

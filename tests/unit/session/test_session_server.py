@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dagster_slurm.agent.remote.files import wake_fifo
 from dagster_slurm.compute.paths import InvocationPaths
 from dagster_slurm.session.allocation import parse_ready
 from dagster_slurm.session.paths import SessionPaths
@@ -104,11 +106,17 @@ class Server:
         wait_for(lambda: os.path.exists(ready), what=f"the ready file\n{self.log()}")
         return parse_ready(Path(ready).read_text())
 
+    def wake(self) -> tuple[bool, str]:
+        """Write a line to the server's wake FIFO, as the agent does after a request."""
+        return wake_fifo(self.paths.wake(JOB_ID))
+
     def request(self, request_id: str, body: str, *, name: str | None = None,
-                lines: list[str] | None = None, record: bool = True) -> InvocationPaths:
-        """Write a step script and request it, atomically (temp name, then rename). The
-        script records its step id after the body's leading ``trap`` lines, as a real step
-        does once its signal handling is set up."""
+                lines: list[str] | None = None, record: bool = True,
+                wake: bool = True) -> InvocationPaths:
+        """Write a step script and request it, atomically (temp name, then rename), then
+        wake the server (unless ``wake`` is False). The script records its step id after
+        the body's leading ``trap`` lines, as a real step does once its signal handling is
+        set up."""
         inv = self.paths.invocation(JOB_ID, name or f"step-{request_id}", "inv")
         Path(inv.job_dir).mkdir(parents=True, exist_ok=True)
         script = inv.file("dagster_slurm_step.sh")
@@ -128,6 +136,8 @@ class Server:
         temp = target.with_name(f"{request_id}.tmp")
         temp.write_text("\n".join(lines) + "\n")
         os.rename(temp, target)
+        if wake:
+            self.wake()
         return inv
 
     def cancel(self, request_id: str) -> None:
@@ -135,6 +145,7 @@ class Server:
         temp = target.with_name(f"{request_id}.tmpc")
         temp.write_text("\n")
         os.rename(temp, target)
+        self.wake()
 
     def status(self, inv: InvocationPaths) -> str:
         text = wait_for(lambda: read(inv.status),
@@ -148,10 +159,10 @@ class Server:
 def _gone(pid: int) -> bool:
     """The process ``pid`` has ended (it no longer exists, or is a zombie)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        record = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    return record.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _kill_our_steps(logs: Path, root: Path) -> None:
@@ -563,3 +574,104 @@ def test_a_ray_head_that_stops_answering_is_recorded_once(tmp_path: Path) -> Non
         assert marker.read_text().strip().isdigit()
         assert "does not answer (3 probes, 5 s apart)" in server.log()
         assert server.proc.poll() is None  # the server goes on; the session decides
+
+
+# -- pace and wake-up --------------------------------------------------------------------------
+
+IDLE_LINE = "idle: listing requests every 2 s until woken"
+
+
+def _wait_idle(server: Server, count: int = 1) -> None:
+    """Until the server has logged ``count`` idle spells (its wait reached 2 s)."""
+    wait_for(lambda: server.log().count(IDLE_LINE) >= count, what=f"the idle line\n{server.log()}")
+
+
+def test_an_idle_server_is_woken_by_a_request(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        assert stat.S_ISFIFO(os.lstat(server.paths.wake(JOB_ID)).st_mode)
+        _wait_idle(server)
+        assert server.status(server.request("r1", "exit 0")) == "0"
+        log = server.log()
+        assert "started step step-r1 (request r1, found on a wake-up)" in log
+        assert log.index(IDLE_LINE) < log.index("started step step-r1")
+        # after the step, the server backs off again
+        _wait_idle(server, 2)
+
+
+def test_requests_and_cancels_are_listed_under_a_path_with_spaces_and_quotes(
+        tmp_path: Path) -> None:
+    root = tmp_path / "a [dir] with 'quotes' *"
+    root.mkdir()
+    with step_server(root) as server:
+        server.wait_ready()
+        assert server.status(server.request("r1", "exit 3")) == "3"
+        started = root / "started"
+        inv = server.request("r2", f"touch {shlex.quote(str(started))}\n"
+                             + WAIT_LOOP.format(flag=shlex.quote(str(root / "never"))))
+        wait_for(started.exists, what="the step to start")
+        server.cancel("r2")
+        assert server.status(inv) == str(128 + signal.SIGTERM)
+        assert "found on a wake-up" in server.log()
+
+
+def test_a_request_nobody_wakes_for_is_found_by_the_listing(tmp_path: Path) -> None:
+    # what a request written on another host than the server's gets
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        _wait_idle(server)
+        assert server.status(server.request("r1", "exit 0", wake=False)) == "0"
+        assert "started step step-r1 (request r1, found by the listing)" in server.log()
+
+
+def test_a_cancel_wakes_an_idle_server_and_kill_follows_an_ignored_term(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        started = tmp_path / "started"
+        body = (f"trap '' TERM\ntouch {shlex.quote(str(started))}\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        inv = server.request("r1", body)
+        wait_for(started.exists, what="the step to start")
+        _wait_idle(server)  # a running step alone does not hold the server at its floor
+        server.cancel("r1")
+        wait_for(lambda: "cancelling step of request r1" in server.log(), what="the cancel")
+        # TERM is ignored: KILL follows (10 s after TERM), and srun's status is recorded
+        assert server.status(inv) == str(128 + signal.SIGKILL)
+
+
+def test_a_drain_reaches_a_step_while_the_server_is_idle(tmp_path: Path) -> None:
+    with step_server(tmp_path, drain_signal="USR1") as server:
+        server.wait_ready()
+        started, got = tmp_path / "started", tmp_path / "got-usr1"
+        body = (f"trap 'echo USR1 > {shlex.quote(str(got))}; exit 5' USR1\n"
+                f"touch {shlex.quote(str(started))}\n"
+                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        running = server.request("r1", body)
+        wait_for(started.exists, what="the step to start")
+        _wait_idle(server)
+        server.signal(signal.SIGUSR1)
+        assert server.status(running) == "5"
+        assert got.read_text() == "USR1\n"
+        assert read(server.paths.drained(JOB_ID)) == "USR1\n"
+
+
+def test_term_ends_an_idle_server(tmp_path: Path) -> None:
+    with step_server(tmp_path) as server:
+        server.wait_ready()
+        _wait_idle(server)
+        server.signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=DEADLINE) == 0
+        assert "signal TERM received" in server.log()
+
+
+def test_without_its_fifo_the_server_lists_at_the_floor(tmp_path: Path) -> None:
+    def block_the_fifo(paths: SessionPaths) -> None:
+        Path(paths.wake(JOB_ID), "in-the-way").mkdir(parents=True)  # a directory: no mkfifo
+
+    with step_server(tmp_path, before_start=block_the_fifo) as server:
+        server.wait_ready()
+        assert "cannot create or open the wake FIFO" in server.log()
+        assert server.wake() == (False, "not a FIFO")
+        assert server.status(server.request("r1", "exit 0", wake=False)) == "0"
+        assert "found by the listing" in server.log()
+        assert IDLE_LINE not in server.log()

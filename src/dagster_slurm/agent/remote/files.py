@@ -8,7 +8,10 @@ Guarantees:
 * ``tail`` returns raw bytes (base64) starting exactly at the requested offset, at most
   ``max_bytes`` of them, and the offset right after them, so a caller that resumes from the
   returned offset neither loses nor repeats a byte across calls (or reconnects).
-* ``write_file`` is atomic (temp file, fsync, rename) and sets the exact mode given.
+* ``write_file`` is atomic (temp file, fsync, rename) and sets the exact mode given. With
+  ``wake`` it then writes one newline to that FIFO without ever blocking (see
+  :func:`wake_fifo`); whatever happens there, the written file stands and the operation
+  succeeds (``woken`` says whether a reader got the line).
 * ``remove`` refuses any path that does not resolve strictly inside ``root`` (symlinks in
   the parent path are resolved first; a final symlink is removed, never followed).
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import os
 import shutil
 import stat
@@ -112,7 +116,10 @@ def _tail_one(spec: object) -> dict:
 
 def op_write_file(params: dict, ctx: OpContext) -> dict:
     """``write_file``: ``path``, ``content`` (text) or ``content_b64``, ``mode`` (default
-    0o600), ``makedirs`` and ``dir_mode`` (mode of the parents it creates, default 0o700)."""
+    0o600), ``makedirs`` and ``dir_mode`` (mode of the parents it creates, default 0o700),
+    ``wake`` (a FIFO to write one newline to once the file is written; see
+    :func:`wake_fifo`: it never fails the operation). Returns ``path``, ``size`` and, with
+    ``wake``, ``woken`` (a reader got the line) and ``wake`` (what happened, in words)."""
     path = get_str(params, "path")
     if "content_b64" in params:
         data = _b64(params["content_b64"], "content_b64")
@@ -124,7 +131,44 @@ def op_write_file(params: dict, ctx: OpContext) -> dict:
     if params.get("makedirs"):
         make_dirs(os.path.dirname(os.path.abspath(path)), _mode(params, 0o700, "dir_mode"))
     write_atomic(path, data, mode)
-    return {"path": path, "size": len(data)}
+    result = {"path": path, "size": len(data)}
+    wake = params.get("wake")
+    if isinstance(wake, str) and wake:
+        try:
+            result["woken"], result["wake"] = wake_fifo(wake)
+        except Exception as exc:  # the file is written: the wake-up never fails the write
+            result["woken"], result["wake"] = False, f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def wake_fifo(path: str) -> tuple[bool, str]:
+    """Write one newline to the FIFO at ``path`` if a process of this host holds it open
+    for reading; never blocks, never raises. Returns (woken, what happened): ``(True,
+    "woken")``, ``(True, "pending")`` when the pipe is full (its reader has lines to read
+    already), or False with the reason: no such file, not a FIFO, no reader on this host
+    (a FIFO on a shared filesystem carries nothing between hosts), another error."""
+    try:
+        if not stat.S_ISFIFO(os.lstat(path).st_mode):
+            return False, "not a FIFO"
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False, "no such file"
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return False, "no reader on this host"
+        return False, f"{type(exc).__name__}: {exc}"
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # replaced since the lstat
+            return False, "not a FIFO"
+        os.write(fd, b"\n")
+        return True, "woken"
+    except BlockingIOError:
+        return True, "pending"
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    finally:
+        os.close(fd)
 
 
 def op_mkdir(params: dict, ctx: OpContext) -> dict:
