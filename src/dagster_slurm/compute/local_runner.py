@@ -19,6 +19,7 @@ from typing import Any
 
 from dagster import PipesClientCompletedInvocation
 
+from dagster_slurm.compute.process_exit import ExitWatch
 from dagster_slurm.jobs.errors import JobOutcome
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.logs import notable_stdout_sink
@@ -30,7 +31,6 @@ from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_arg
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import LocalFileSource
-from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.slurm.states import JobState
 
 
@@ -77,7 +77,8 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
     seconds between TERM and KILL when the step is interrupted.
     """
 
-    #: First and longest pause between two checks whether the job script has exited.
+    #: First and longest pause between two checks whether the job script has exited, where
+    #: its exit cannot be waited for (no pidfd); with one, the exit itself wakes the wait.
     EXIT_POLL_INITIAL = 0.02
     EXIT_POLL_MAXIMUM = 0.1
 
@@ -128,17 +129,20 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
         return LocalProcess(proc, started)
 
     def _wait(self, job: LocalJob, handle: LocalProcess) -> LocalExit:
+        """Block until the job script exits; woken by the exit itself (see
+        :class:`~dagster_slurm.compute.process_exit.ExitWatch`), so the final read of the
+        Pipes files starts as soon as the process is gone. The step's run is followed
+        meanwhile, at most every ``run_status_interval`` seconds."""
         proc = handle.proc
-        backoff = PollBackoff(initial=self.EXIT_POLL_INITIAL, maximum=self.EXIT_POLL_MAXIMUM)
-        delay = backoff.current
         follower = follower_for(job.context, self.run_status_interval)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            follower.check(f"the local process {proc.pid}")  # as in Slurm mode
-            time.sleep(delay)
-            delay = backoff.observe(False)
+        with ExitWatch(proc.pid, poll_initial=self.EXIT_POLL_INITIAL,
+                       poll_maximum=self.EXIT_POLL_MAXIMUM) as watch:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                follower.check(f"the local process {proc.pid}")  # as in Slurm mode
+                watch.wait(self.run_status_interval)
         proc.returncode = os.waitstatus_to_exitcode(status)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return LocalExit(code, time.monotonic() - handle.started, usage.ru_utime + usage.ru_stime,
