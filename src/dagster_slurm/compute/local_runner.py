@@ -100,9 +100,12 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
             assert payload.upload_from is not None and payload.upload_name is not None
             with open(payload.upload_from, "rb") as src, open(paths.upload_target(payload.upload_name), "wb") as dst:
                 dst.write(src.read())
+        # closed_grace=0: the files are local, so once the process has exited everything it
+        # wrote is there; a payload that died without its closed message is not waited for
         reader = PipesTailMessageReader(
             LocalFileSource(), paths.messages, paths.stdout, paths.stderr,
             poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context.log),
+            closed_grace=0.0,
         )
         return LocalJob(context, request, PipesDeferredFileContextInjector(paths.context), reader,
                         paths, payload)

@@ -88,6 +88,8 @@ class ReaderStats:
 
     polls: int = 0
     """Calls of ``source.read`` (round trips), failed ones included."""
+    drain_polls: int = 0
+    """Of these, the calls made by the final drain."""
     failed_polls: int = 0
     """Polls that raised or returned an unusable answer (retried with the same offsets)."""
     messages: int = 0
@@ -447,6 +449,7 @@ class PipesTailMessageReader(PipesMessageReader):
         """Poll until every file is read to its end (see the module docstring), then flush."""
         start = self._clock()
         while True:
+            self._stats.drain_polls += 1
             outcome = self._poll(handler)
             elapsed = self._clock() - start
             if self._settled(outcome, elapsed):
