@@ -239,14 +239,16 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def print_throughput(label: str, runs: dict[str, list[Throughput]]) -> None:
+def print_throughput(label: str, runs: dict[str, list[Throughput]], *, rates: bool = True) -> None:
+    """One line per arm; ``rates`` False for a paced payload, whose rate is its own pace."""
     floor_rate = statistics.median(r.rate for r in runs["floor"])
     for name, arm in runs.items():
         rate = statistics.median(r.rate for r in arm)
-        print(f"pipes {label} {name}: {arm[0].count} messages, {_spread([r.rate for r in arm], '.0f')} "
-              f"messages/s into Dagster (ratio to the floor {rate / floor_rate:.2f}), last write "
-              f"to step end {_spread([r.last_write_to_end for r in arm], '.2f')} s, step wall "
-              f"time {_spread([r.elapsed for r in arm], '.1f')} s")
+        into = (f"{_spread([r.rate for r in arm], '.0f')} messages/s into Dagster (ratio to the "
+                f"floor {rate / floor_rate:.2f}), " if rates else "")
+        print(f"pipes {label} {name}: {arm[0].count} messages, {into}last write to step end "
+              f"{_spread([r.last_write_to_end for r in arm], '.3f')} s, step wall time "
+              f"{_spread([r.elapsed for r in arm], '.2f')} s")
 
 
 def print_local(ours: Timing, floor: Timing) -> None:
@@ -295,7 +297,7 @@ def main() -> None:
         print(f"per compute.run (slurm): {rts} SSH round trips, {calls} scheduler calls "
               f"(last run by command: {by_command})")
         arms["slurm"] = compute
-    print_throughput("paced", throughput(arms, str(paced), args.repeat))
+    print_throughput("paced", throughput(arms, str(paced), args.repeat), rates=False)
     print_throughput("flood", throughput(arms, str(flood), args.flood_repeat))
 
 

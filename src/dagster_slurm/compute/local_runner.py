@@ -4,6 +4,11 @@ The launcher renders the same script as in Slurm mode (``mode="local"``); stdout
 go to files in the invocation directory and are tailed, with the Pipes messages, by the same
 reader as on a cluster, so an asset behaves the same on a laptop. Interruption ends the
 payload's whole process group (TERM, then KILL after ``kill_grace`` seconds).
+
+The step waits for the script's exit without polling it where the platform allows
+(:class:`~dagster_slurm.compute.process_exit.ExitWatch`); the final read of the files starts
+as soon as the script is gone and, the files being local, does not wait for a ``closed``
+message that a payload killed mid-way never wrote.
 """
 
 from __future__ import annotations
@@ -74,15 +79,22 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
 
     ``base``: directory of the invocation files (None: :func:`default_local_base`);
     ``activation``: a script sourced before the payload (None: none); ``kill_grace``:
-    seconds between TERM and KILL when the step is interrupted.
+    seconds between TERM and KILL when the step is interrupted; ``poll_interval``: seconds
+    between reads of the Pipes files; ``run_status_interval``: seconds between reads of the
+    step's run status while waiting.
     """
 
+    #: Longest pause between two reads of the local files (``pipes_poll_interval`` applies
+    #: when shorter): a read of three local files costs tens of microseconds, so messages are
+    #: read about as soon as Dagster's own subprocess client reads them.
+    POLL_INTERVAL = 0.02
     #: First and longest pause between two checks whether the job script has exited, where
     #: its exit cannot be waited for (no pidfd); with one, the exit itself wakes the wait.
     EXIT_POLL_INITIAL = 0.02
     EXIT_POLL_MAXIMUM = 0.1
 
-    def __init__(self, base: str | None = None, *, poll_interval: float = 0.1, kill_grace: float = 10.0,
+    def __init__(self, base: str | None = None, *, poll_interval: float = POLL_INTERVAL,
+                 kill_grace: float = 10.0,
                  activation: str | None = None,
                  run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL) -> None:
         self.base = base or default_local_base()
@@ -128,6 +140,7 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
                 ["bash", paths.script], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                 cwd=paths.job_dir, start_new_session=True,
             )
+        job.reader.wake()  # the files exist now: no idle wait as for a job in a queue
         job.context.log.info(f"Started local payload process {proc.pid} in {paths.job_dir}")
         return LocalProcess(proc, started)
 

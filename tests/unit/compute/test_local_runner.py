@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -121,3 +122,55 @@ def test_a_payload_that_died_without_closing_pipes_is_not_waited_for(tmp_path: P
     reader = runner.job.reader
     assert reader.opened_payload is not None and not reader.received_closed
     assert reader.stats.drain_polls <= 2  # read to the end, then settled
+
+
+WAITS_TO_BE_SEEN = textwrap.dedent("""\
+    import os, time
+    from dagster_pipes import open_dagster_pipes
+    with open_dagster_pipes() as pipes:
+        pipes.log.info("early")
+        while not os.path.exists(os.environ["SEEN"]):
+            time.sleep(0.01)
+""")
+
+
+class SlowToNoticeFiles(KeepsTheJob):
+    """A reader that, before it has seen any file, waits an hour between reads."""
+
+    def _prepare(self, context, request: JobRequest) -> LocalJob:
+        job = super()._prepare(context, request)
+        job.reader.idle_interval = 3600.0
+        return job
+
+
+def test_messages_are_read_while_the_payload_runs_from_its_start(tmp_path: Path) -> None:
+    """The reader's first look finds no files (the script starts after the Pipes session
+    opened); starting the script wakes it, so the first message arrives while the payload
+    still runs, and the payload is let go only once it has."""
+    seen = tmp_path / "seen"
+    payload = tmp_path / "payload.py"
+    payload.write_text(WAITS_TO_BE_SEEN)
+    runner = SlowToNoticeFiles(str(tmp_path / "base"))
+    request = JobRequest(str(payload), BashLauncher(), extra_env={"SEEN": str(seen)})
+    delivered_early = threading.Event()
+
+    def let_go_once_read() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = runner.job
+            if job is not None and job.reader.stats.messages >= 2:  # opened, "early"
+                delivered_early.set()
+                break
+            time.sleep(0.01)
+        seen.touch()
+
+    watcher = threading.Thread(target=let_go_once_read, daemon=True)
+
+    @dg.asset
+    def thing(context):
+        watcher.start()
+        yield from runner.run(context, request).get_results()
+
+    assert dg.materialize([thing]).success
+    watcher.join(60)
+    assert delivered_early.is_set(), "the first message was read only after the payload ended"
