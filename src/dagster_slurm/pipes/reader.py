@@ -20,11 +20,9 @@ Guarantees:
   short backoff, so nothing is lost or delivered twice; failures are logged at most every
   ``warning_interval`` seconds and the latest one is on :attr:`last_poll_error`.
 * While a file has more data than one chunk (``max_bytes_per_file``), the next poll follows
-  immediately; the reader waits only once it has caught up, so a message is delivered within
-  about ``poll_interval`` plus one round trip of being written. After a poll that brought
-  data, the wait is ``poll_interval`` counted from the start of that poll: when handing the
-  chunk to Dagster took longer than that (a flood of messages), the next poll follows at once,
-  so the reader never sleeps while a backlog is likely.
+  immediately; else it starts ``poll_interval`` after an empty poll, or after the start of
+  one that brought data (at once if handing that to Dagster took longer), so a message is
+  delivered within about ``poll_interval`` plus one round trip of being written.
 * While none of the files exists yet (the job is still queued), the reader polls only every
   ``idle_interval``, to spare the login node; :meth:`~PipesTailMessageReader.wake` makes it
   poll at once (call it when the job is seen running).
@@ -311,9 +309,7 @@ class PipesTailMessageReader(PipesMessageReader):
                 if outcome.behind:
                     continue
                 wait = self._next_wait()
-                if outcome.got_data and not self._failures_in_a_row:
-                    # the interval runs from the start of the poll: time spent handing a
-                    # large chunk to Dagster counts, so a backlog is read on at once
+                if outcome.got_data and not self._failures_in_a_row:  # a backlog is likely
                     wait -= self._clock() - started
                 if wait > 0:
                     self._wakeup.wait(wait)
