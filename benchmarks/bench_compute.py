@@ -12,7 +12,8 @@ Measured A/B in one run (alternating, medians, with the spread of the runs):
 * Pipes throughput: a payload writing 20,000 log messages at once ("flood"), and one writing
   200 at a pace Dagster keeps up with ("paced"): messages/s into Dagster and the time from
   the payload's last write to the step's end, for local mode, for slurm mode and for the
-  floor, ``PipesSubprocessClient`` on the same payload.
+  floor, ``PipesSubprocessClient`` on the same payload; and, below both, the rate of
+  Dagster's own ``context.log.info`` in an asset, which every Pipes log message goes through.
 
 Needs the dev cluster and its environment (``eval "$(dagster-slurm dev-cluster env)"``);
 ``--env-path`` names a pre-deployed environment on the cluster with dagster-pipes, else
@@ -235,6 +236,22 @@ def throughput(resources: dict[str, ComputeResource | None], flood: str,
     return runs
 
 
+def log_rate(count: int = 2000) -> float:
+    """Messages/s of Dagster's own ``context.log.info`` in an asset, without Pipes: what
+    Dagster's handler of Pipes log messages (``context.log``) can take at most."""
+    rate: list[float] = []
+
+    @dg.asset(name="bench")
+    def logs(context: dg.AssetExecutionContext):
+        start = time.perf_counter()
+        for i in range(count):
+            context.log.info(f"msg {i}")
+        rate.append(count / (time.perf_counter() - start))
+
+    dg.materialize([logs], instance=dg.DagsterInstance.ephemeral())
+    return rate[0]
+
+
 def _spread(values: list[float], fmt: str) -> str:
     return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
@@ -299,6 +316,7 @@ def main() -> None:
         arms["slurm"] = compute
     print_throughput("paced", throughput(arms, str(paced), args.repeat), rates=False)
     print_throughput("flood", throughput(arms, str(flood), args.flood_repeat))
+    print(f"Dagster's own context.log.info, no Pipes: {log_rate():.0f} messages/s")
 
 
 if __name__ == "__main__":
