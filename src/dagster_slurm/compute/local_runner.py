@@ -4,6 +4,11 @@ The launcher renders the same script as in Slurm mode (``mode="local"``); stdout
 go to files in the invocation directory and are tailed, with the Pipes messages, by the same
 reader as on a cluster, so an asset behaves the same on a laptop. Interruption ends the
 payload's whole process group (TERM, then KILL after ``kill_grace`` seconds).
+
+The step waits for the script's exit without polling it where the platform allows
+(:class:`~dagster_slurm.compute.process_exit.ExitWatch`); the final read of the files starts
+as soon as the script is gone and, the files being local, does not wait for a ``closed``
+message that a payload killed mid-way never wrote.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from dagster import PipesClientCompletedInvocation
 
+from dagster_slurm.compute.process_exit import ExitWatch
 from dagster_slurm.jobs.errors import JobOutcome
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.logs import notable_stdout_sink
@@ -30,7 +36,6 @@ from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_arg
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import LocalFileSource
-from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.slurm.states import JobState
 
 
@@ -74,14 +79,22 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
 
     ``base``: directory of the invocation files (None: :func:`default_local_base`);
     ``activation``: a script sourced before the payload (None: none); ``kill_grace``:
-    seconds between TERM and KILL when the step is interrupted.
+    seconds between TERM and KILL when the step is interrupted; ``poll_interval``: seconds
+    between reads of the Pipes files; ``run_status_interval``: seconds between reads of the
+    step's run status while waiting.
     """
 
-    #: First and longest pause between two checks whether the job script has exited.
+    #: Longest pause between two reads of the local files (``pipes_poll_interval`` applies
+    #: when shorter): a read of three local files costs tens of microseconds, so messages are
+    #: read about as soon as Dagster's own subprocess client reads them.
+    POLL_INTERVAL = 0.02
+    #: First and longest pause between two checks whether the job script has exited, where
+    #: its exit cannot be waited for (no pidfd); with one, the exit itself wakes the wait.
     EXIT_POLL_INITIAL = 0.02
     EXIT_POLL_MAXIMUM = 0.1
 
-    def __init__(self, base: str | None = None, *, poll_interval: float = 0.1, kill_grace: float = 10.0,
+    def __init__(self, base: str | None = None, *, poll_interval: float = POLL_INTERVAL,
+                 kill_grace: float = 10.0,
                  activation: str | None = None,
                  run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL) -> None:
         self.base = base or default_local_base()
@@ -99,9 +112,12 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
             assert payload.upload_from is not None and payload.upload_name is not None
             with open(payload.upload_from, "rb") as src, open(paths.upload_target(payload.upload_name), "wb") as dst:
                 dst.write(src.read())
+        # closed_grace=0: the files are local, so once the process has exited everything it
+        # wrote is there; a payload that died without its closed message is not waited for
         reader = PipesTailMessageReader(
             LocalFileSource(), paths.messages, paths.stdout, paths.stderr,
             poll_interval=self.poll_interval, stdout_sink=notable_stdout_sink(context.log),
+            closed_grace=0.0,
         )
         return LocalJob(context, request, PipesDeferredFileContextInjector(paths.context), reader,
                         paths, payload)
@@ -124,21 +140,25 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
                 ["bash", paths.script], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                 cwd=paths.job_dir, start_new_session=True,
             )
+        job.reader.wake()  # the files exist now: no idle wait as for a job in a queue
         job.context.log.info(f"Started local payload process {proc.pid} in {paths.job_dir}")
         return LocalProcess(proc, started)
 
     def _wait(self, job: LocalJob, handle: LocalProcess) -> LocalExit:
+        """Block until the job script exits; woken by the exit itself (see
+        :class:`~dagster_slurm.compute.process_exit.ExitWatch`), so the final read of the
+        Pipes files starts as soon as the process is gone. The step's run is followed
+        meanwhile, at most every ``run_status_interval`` seconds."""
         proc = handle.proc
-        backoff = PollBackoff(initial=self.EXIT_POLL_INITIAL, maximum=self.EXIT_POLL_MAXIMUM)
-        delay = backoff.current
         follower = follower_for(job.context, self.run_status_interval)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            follower.check(f"the local process {proc.pid}")  # as in Slurm mode
-            time.sleep(delay)
-            delay = backoff.observe(False)
+        with ExitWatch(proc.pid, poll_initial=self.EXIT_POLL_INITIAL,
+                       poll_maximum=self.EXIT_POLL_MAXIMUM) as watch:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                follower.check(f"the local process {proc.pid}")  # as in Slurm mode
+                watch.wait(self.run_status_interval)
         proc.returncode = os.waitstatus_to_exitcode(status)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         return LocalExit(code, time.monotonic() - handle.started, usage.ru_utime + usage.ru_stime,

@@ -275,7 +275,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import LocalRunner
 
-            return LocalRunner(self.local_base_path, poll_interval=min(self.pipes_poll_interval, 0.1),
+            return LocalRunner(self.local_base_path,
+                               poll_interval=min(self.pipes_poll_interval, LocalRunner.POLL_INTERVAL),
                                run_status_interval=self.run_status_interval)
         if session is not None:
             from dagster_slurm.session.runner import SessionRunner

@@ -20,7 +20,8 @@ Guarantees:
   short backoff, so nothing is lost or delivered twice; failures are logged at most every
   ``warning_interval`` seconds and the latest one is on :attr:`last_poll_error`.
 * While a file has more data than one chunk (``max_bytes_per_file``), the next poll follows
-  immediately; the reader sleeps ``poll_interval`` only once it has caught up, so a message is
+  immediately; else it starts ``poll_interval`` after an empty poll, or after the start of
+  one that brought data (at once if handing that to Dagster took longer), so a message is
   delivered within about ``poll_interval`` plus one round trip of being written.
 * While none of the files exists yet (the job is still queued), the reader polls at
   ``poll_interval`` a few times (:data:`IDLE_POLLS_AT_POLL_INTERVAL`), then its wait doubles
@@ -91,6 +92,8 @@ class ReaderStats:
 
     polls: int = 0
     """Calls of ``source.read`` (round trips), failed ones included."""
+    drain_polls: int = 0
+    """Of these, the calls made by the final drain."""
     failed_polls: int = 0
     """Polls that raised or returned an unusable answer (retried with the same offsets)."""
     messages: int = 0
@@ -308,10 +311,16 @@ class PipesTailMessageReader(PipesMessageReader):
     def _poll_loop(self, handler: PipesMessageHandler) -> None:
         try:
             while not self._stopping:
+                started = self._clock()
                 outcome = self._poll(handler)
-                if not outcome.behind:
-                    self._wakeup.wait(self._next_wait())
-                    self._wakeup.clear()
+                if outcome.behind:
+                    continue
+                wait = self._next_wait()
+                if outcome.got_data and not self._failures_in_a_row:  # a backlog is likely
+                    wait -= self._clock() - started
+                if wait > 0:
+                    self._wakeup.wait(wait)
+                self._wakeup.clear()
         except Exception:
             log.exception("the Pipes message reader thread failed; the final drain will retry")
             handler.report_pipes_framework_exception(
@@ -447,6 +456,7 @@ class PipesTailMessageReader(PipesMessageReader):
         """Poll until every file is read to its end (see the module docstring), then flush."""
         start = self._clock()
         while True:
+            self._stats.drain_polls += 1
             outcome = self._poll(handler)
             elapsed = self._clock() - start
             if self._settled(outcome, elapsed):

@@ -156,6 +156,26 @@ def test_catches_up_without_sleeping_between_chunks(files: Files) -> None:
     assert handler.logs() == [f"message {i} " + "x" * 100 for i in range(20_000)]
 
 
+def test_a_poll_whose_handling_outlasted_the_interval_is_followed_at_once(files: Files) -> None:
+    """Handing the first chunk to Dagster takes an hour on the reader's clock, and the payload
+    wrote more meanwhile: the reader reads on without waiting ``poll_interval`` again."""
+    clock = FakeClock()
+    files.append(files.messages, log_line("first"))
+
+    class SlowHandler(RecordingHandler):
+        def handle_message(self, message: dict) -> None:
+            super().handle_message(message)
+            if len(self.messages) == 1:
+                files.append(files.messages, log_line("second"))
+                clock.now += 3600.0
+
+    handler = SlowHandler()
+    reader = files.reader(poll_interval=600.0, clock=clock)
+    with reader.read_messages(handler):  # type: ignore[arg-type]
+        wait_for(lambda: handler.logs() == ["first", "second"])
+        assert reader.stats.polls == 2
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
