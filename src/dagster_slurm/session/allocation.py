@@ -252,7 +252,8 @@ class SlurmAllocation:
                 with self.scheduler.agent.batch() as batch:
                     tail = batch.add(tail_op(files))
                     status = batch.add(self.scheduler.status_op(
-                        [self.job_name], [self.job_id], accounting=False)) if check else None
+                        [self.job_name], [self.job_id], accounting=False,
+                        shared=True)) if check else None
                 chunks = tail.result().files
                 exit_code = parse_exit_code(chunks[0].data) if chunks[0].exists else None
                 drain_signal = chunks[1].data.decode("utf-8", "replace").strip() or None \
@@ -302,7 +303,7 @@ class SlurmAllocation:
         try:
             with self.scheduler.agent.batch() as batch:
                 status = batch.add(self.scheduler.status_op(
-                    [self.job_name], [self.job_id], accounting=False))
+                    [self.job_name], [self.job_id], accounting=False, shared=True, fresh=True))
                 document = batch.add(read_op(self.paths.document))
             now = batch.response.now if batch.response else None
             snapshot = self.scheduler.snapshot(status.result(), now)

@@ -231,7 +231,7 @@ class AgentSessionIO:
     def poll_ready(self, job_name: str, job_id: str, *, with_status: bool) -> ReadyPoll:
         scheduler = self.scheduler
         with scheduler.agent.batch() as batch:
-            status = batch.add(scheduler.status_op([job_name], [job_id])) if with_status else None
+            status = batch.add(scheduler.status_op([job_name], [job_id], shared=True)) if with_status else None
             ready = batch.add(tail_op([TailRequest(self.paths.ready(job_id), 0, 65536)]))
         chunk = ready.result().files[0]
         complete = chunk.exists and chunk.eof and chunk.data.endswith(b"\n")
@@ -246,7 +246,7 @@ class AgentSessionIO:
                    with_status: bool) -> FilesPoll:
         scheduler = self.scheduler
         with scheduler.agent.batch() as batch:
-            status = batch.add(scheduler.status_op([job_name], [job_id])) if with_status else None
+            status = batch.add(scheduler.status_op([job_name], [job_id], shared=True)) if with_status else None
             read = batch.add(tail_op([TailRequest(path, 0, 65536) for path in paths]))
         texts = {path: (chunk.data.decode("utf-8", "replace") if chunk.exists else None)
                  for path, chunk in zip(paths, read.result().files, strict=True)}
