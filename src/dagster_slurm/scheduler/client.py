@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import secrets
 import shlex
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -155,6 +157,11 @@ class StatusSnapshot:
         return JobObservation(job_id, None, exit_code=code)
 
 
+#: This process's id in the user's shared squeue answer: a refresh by this process (any of
+#: its schedulers, one after another) never makes it wait for the floor another sets.
+_PROCESS_ID = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def new_token() -> str:
     """A fresh submission token (carried as the job's comment)."""
     return f"dslurm-{secrets.token_hex(8)}"
@@ -189,7 +196,7 @@ class SlurmScheduler:
         #: The shared answer's file on the login node (``{uid}`` is filled in there with the
         #: login user's id); None: no sharing, every poll runs its own squeue.
         self.status_path = status_path
-        self._client_id = secrets.token_hex(6)
+        self._client_id = _PROCESS_ID
         self.stats = SchedulerStats()
         self._submit_limit = RateLimiter(submit_interval, clock=clock, sleep=sleep)
         self._config: dict[str, str] | None = None
