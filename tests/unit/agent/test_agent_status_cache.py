@@ -113,7 +113,7 @@ def test_the_file_is_private_and_written_whole(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     data = json.loads(path.read_text())
     assert data["argv"] == ARGV and data["rc"] == 0 and "11|" in data["stdout"]
-    assert not [p for p in path.parent.iterdir() if p.name.startswith(".squeue.")]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
 
 
 def test_an_unreadable_file_is_ignored_and_rewritten(tmp_path: Path) -> None:

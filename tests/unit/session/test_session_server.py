@@ -357,13 +357,20 @@ def test_cancel_file_stops_a_running_step(tmp_path: Path) -> None:
 # -- drain -------------------------------------------------------------------------------------
 
 
+def _usr1_step(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A step body that waits until USR1, records it in ``got`` and exits 5; it touches
+    ``started`` first. Returns (started, got, body)."""
+    started, got = tmp_path / "started", tmp_path / "got-usr1"
+    body = (f"trap 'echo USR1 > {shlex.quote(str(got))}; exit 5' USR1\n"
+            f"touch {shlex.quote(str(started))}\n"
+            + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+    return started, got, body
+
+
 def test_drain_signal_is_recorded_forwarded_and_stops_new_steps(tmp_path: Path) -> None:
     with step_server(tmp_path, drain_signal="USR1") as server:
         server.wait_ready()
-        started, got = tmp_path / "started", tmp_path / "got-usr1"
-        body = (f"trap 'echo USR1 > {shlex.quote(str(got))}; exit 5' USR1\n"
-                f"touch {shlex.quote(str(started))}\n"
-                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        started, got, body = _usr1_step(tmp_path)
         running = server.request("r1", body)
         wait_for(started.exists, what="the step to start")
         server.signal(signal.SIGUSR1)
@@ -642,10 +649,7 @@ def test_a_cancel_wakes_an_idle_server_and_kill_follows_an_ignored_term(tmp_path
 def test_a_drain_reaches_a_step_while_the_server_is_idle(tmp_path: Path) -> None:
     with step_server(tmp_path, drain_signal="USR1") as server:
         server.wait_ready()
-        started, got = tmp_path / "started", tmp_path / "got-usr1"
-        body = (f"trap 'echo USR1 > {shlex.quote(str(got))}; exit 5' USR1\n"
-                f"touch {shlex.quote(str(started))}\n"
-                + WAIT_LOOP.format(flag=shlex.quote(str(tmp_path / "never"))) + "\nexit 0")
+        started, got, body = _usr1_step(tmp_path)
         running = server.request("r1", body)
         wait_for(started.exists, what="the step to start")
         _wait_idle(server)

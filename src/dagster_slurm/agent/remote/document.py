@@ -135,8 +135,10 @@ def make_dirs(path: str, mode: int) -> None:
         os.chmod(directory, mode)
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically (temp file, fsync, rename, directory fsync)."""
+def write_atomic(path: str, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file, fsync, rename, directory fsync).
+    ``durable`` False skips both fsyncs (a cache that a crash may lose: still never half
+    written)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(
         prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory
@@ -146,7 +148,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -154,7 +157,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o644) -> None:
         except OSError:
             pass
         raise
-    _fsync_directory(directory)
+    if durable:
+        _fsync_directory(directory)
 
 
 def locked_transaction(

@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 
 from . import lock as dirlock
 from .common import OpError, bad_request, get_number, get_str
+from .document import write_atomic
 
 #: Largest cache file read (a user with very many jobs still gets an answer, uncached).
 MAX_CACHE_BYTES = 16 * 1024 * 1024
@@ -189,16 +189,5 @@ def _read(path: str, argv: list) -> dict | None:
 
 
 def _write(path: str, answer: dict) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".squeue.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(answer, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    write_atomic(path, json.dumps(answer).encode("utf-8"), mode=0o600, durable=False)
