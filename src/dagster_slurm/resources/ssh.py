@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 from dagster import ConfigurableResource
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.config_errors import KnownFieldsOnly, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.transport.ssh import SSHOptions, SSHTarget, SSHTransport, shared_transport
 
@@ -26,7 +26,14 @@ class SSHConnectionResource(ConfigurableResource, KnownFieldsOnly):
     by a running ssh-agent. Host keys are checked against ``known_hosts_path``
     (``~/.ssh/known_hosts`` when None); relaxing that takes an explicit
     ``host_key_checking`` value.
+
+    ``known_hosts_file=`` (the published package's name) is accepted for
+    ``known_hosts_path``, with a deprecation warning.
     """
+
+    renamed_fields: ClassVar[tuple[RenamedField, ...]] = (
+        RenamedField("known_hosts_file", "known_hosts_path"),
+    )
 
     host: str = Field(description="Login node host name or IP address.")
     port: int = Field(default=22, description="SSH port of the login node.")
