@@ -139,28 +139,32 @@ _LIBRARY_DIRS: tuple[str, ...] = tuple(
 
 
 def _caller_stacklevel() -> int:
-    """The ``stacklevel`` of :func:`warnings.warn`, called from :func:`warn_renamed`, that
+    """The ``stacklevel`` of :func:`warnings.warn`, called from :func:`warn_at_caller`, that
     points at the first frame outside this library, pydantic and Dagster (the user's line)."""
     internal = _LIBRARY_DIRS + tuple(
         os.path.dirname(os.path.abspath(module.__file__)) + os.sep
         for name in ("dagster", "pydantic_core")
         if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)
     )
-    frame, level = sys._getframe(2), 2  # 1: warn_renamed itself
+    frame, level = sys._getframe(2), 2  # 1: warn_at_caller itself
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
         frame, level = frame.f_back, level + 1
     return level
 
 
-def warn_renamed(old: str, new: str, what: str = "") -> None:
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """:func:`warnings.warn` attributed to the first line outside this library, pydantic
+    and Dagster (the user's line that led to the warning)."""
+    warnings.warn(message, category, stacklevel=_caller_stacklevel())
+
+
+def warn_renamed(old: str, new: str) -> None:
     """A :class:`DeprecationWarning` that ``old`` (a name of the published package) is
-    ``new`` in this library, attributed to the user's line. ``what`` leads the message
-    (the class or function the name belongs to)."""
-    lead = f"{what}: " if what else ""
-    warnings.warn(
-        f"{lead}{old!s} is the name the published dagster-slurm package used; use {new!s} "
+    ``new`` in this library, attributed to the user's line."""
+    warn_at_caller(
+        f"{old!s} comes from the published dagster-slurm package; use {new!s} "
         "(the old name is accepted for now and will be removed)",
-        DeprecationWarning, stacklevel=_caller_stacklevel(),
+        DeprecationWarning,
     )
 
 
@@ -257,7 +261,7 @@ def in_given_words(error: ValidationError, moved: Sequence[Moved]) -> Exception:
             if at_field or about_field:
                 return ConfigurationError(
                     item.old, item.value,
-                    f"{problem} ({item.old} is the published name of {'.'.join(item.path)})",
+                    f"{problem} ({item.old} sets {'.'.join(item.path)})",
                 )
     return error
 

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.config_errors import KnownFieldsOnly, RenamedField
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.resources.published_env import ssh_environment
 from dagster_slurm.transport.ssh import SSHOptions, SSHTarget, SSHTransport, shared_transport
 
 
@@ -106,10 +107,13 @@ class SSHConnectionResource(ConfigurableResource, KnownFieldsOnly):
 
         ``prefix`` may be given with or without its trailing underscore. A missing ``HOST`` or
         ``USER`` or a non-numeric ``PORT`` raises :class:`ConfigurationError` naming the
-        variable.
+        variable. The published package's names are read too, with a deprecation warning:
+        ``SLURM_SSH_*`` when the default prefix finds no host, ``KNOWN_HOSTS_FILE`` and
+        ``JUMP_KEY`` (see :mod:`dagster_slurm.resources.published_env`).
         """
         env = os.environ if environ is None else environ
         stem = prefix if prefix.endswith("_") or not prefix else prefix + "_"
+        env, stem = ssh_environment(env, stem)
 
         def get(name: str) -> str | None:
             value = env.get(stem + name)
