@@ -90,8 +90,9 @@ def _ignored(name: str, value: str, reason: str) -> None:
     warn_at_caller(f"{name}={value!r} is ignored: {reason}")
 
 
-def _renamed(env: dict[str, str], old: str, new: str) -> None:
-    """Read ``old`` as ``new`` in ``env`` (in place), warning; both set is an error."""
+def _renamed(env: dict[str, str], old: str, new: str, advised: str | None = None) -> None:
+    """Read ``old`` as ``new`` in ``env`` (in place), warning that ``advised`` (``new``
+    unless given) is the name to use; both set is an error."""
     value = _set(env, old)
     if value is None:
         return
@@ -100,7 +101,7 @@ def _renamed(env: dict[str, str], old: str, new: str) -> None:
             old, value, f"set together with {new}; {old} is the published package's name of "
             f"{new}: set only {new}",
         )
-    warn_renamed(f"environment variable {old}", new)
+    warn_renamed(f"environment variable {old}", advised or new)
     env[new] = value
 
 
@@ -120,7 +121,8 @@ def ssh_environment(env: Mapping[str, str], stem: str) -> tuple[dict[str, str], 
         warn_renamed(f"the environment variable prefix {PUBLISHED_SSH_PREFIX}", DEFAULT_SSH_PREFIX)
         stem = PUBLISHED_SSH_PREFIX
     for old, new in RENAMED_SSH_SUFFIXES.items():
-        _renamed(out, stem + old, stem + new)
+        ours = DEFAULT_SSH_PREFIX if stem == PUBLISHED_SSH_PREFIX else stem
+        _renamed(out, stem + old, stem + new, ours + new)
     for prefix in (stem, stem + "JUMP_"):
         for suffix, reason in IGNORED_SSH_VARIABLES.items():
             value = _set(out, prefix + suffix)
