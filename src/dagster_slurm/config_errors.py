@@ -20,6 +20,9 @@ its ``renamed_fields`` (:class:`RenamedField`): the value moves to the field of 
 Both names given at once is an error naming both; an invalid value is refused with the
 message of the new field, naming the field as the user spelled it. The old names are not
 fields: they are not in the configuration reference or in Dagster's config schema.
+A Dagster resource with such names also lists :class:`PublishedNames` first among its
+bases, so that the configuration Dagster records (and rebuilds the resource from) holds the
+values under today's names.
 """
 
 from __future__ import annotations
@@ -264,6 +267,37 @@ def in_given_words(error: ValidationError, moved: Sequence[Moved]) -> Exception:
                     f"{problem} ({item.old} sets {'.'.join(item.path)})",
                 )
     return error
+
+
+def _as_validation_error(model: type[BaseModel], data: Mapping[str, Any],
+                         cause: ConfigurationError) -> ValidationError:
+    return ValidationError.from_exception_data(
+        model.__name__,
+        [{"type": "value_error", "loc": (), "input": dict(data), "ctx": {"error": cause}}],
+    )
+
+
+class PublishedNames:
+    """Mixin, listed first, for Dagster resources whose ``renamed_fields`` hold names of the
+    published package: the names are moved before Dagster's constructor records the
+    resource's configuration (it keeps only the keywords given, by their field names, so a
+    value under an old name would otherwise be lost when Dagster rebuilds the resource).
+    Errors are those of :class:`KnownFieldsOnly`, in a ``ValidationError``.
+    """
+
+    def __init__(self, **data: Any) -> None:
+        model = type(self)
+        try:
+            renamed, moved = accept_renamed_fields(model, data)  # type: ignore[arg-type]
+        except ConfigurationError as error:
+            raise _as_validation_error(model, data, error) from None  # type: ignore[arg-type]
+        try:
+            super().__init__(**renamed)
+        except ValidationError as error:
+            converted = in_given_words(error, moved)
+            if converted is error or not isinstance(converted, ConfigurationError):
+                raise
+            raise _as_validation_error(model, data, converted) from None  # type: ignore[arg-type]
 
 
 class KnownFieldsOnly(BaseModel):

@@ -13,6 +13,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from dagster_slurm import ComputeResource, SlurmSessionResource
+
 PROJECT = Path(__file__).resolve().parent / "migration_project" / "definitions.py"
 
 #: The published names the project uses, each with today's name its warning must give.
@@ -67,3 +69,25 @@ def test_the_asset_materializes_in_local_mode(project, tmp_path, monkeypatch) ->
     (event,) = result.get_asset_materialization_events()
     metadata = event.materialization.metadata
     assert (metadata["key_env"].value, metadata["foo"].value) == ("value", "bar")
+
+
+def test_values_under_published_names_survive_dagsters_rebuild_of_the_resources(project) -> None:
+    """Dagster rebuilds a resource from the configuration it recorded at construction; the
+    values given under published names are part of it (under today's names)."""
+    module, _ = project
+    seen = {}
+
+    @dg.asset
+    def inspect_resources(session: SlurmSessionResource, compute_ray: ComputeResource) -> None:
+        launcher = compute_ray.default_launcher
+        seen.update(time_limit=session.run_allocation.time_limit,
+                    partition=session.run_allocation.partition,
+                    known_hosts=session.slurm.ssh.known_hosts_path,
+                    startup_timeout=launcher.startup_timeout,
+                    store=launcher.object_store_memory)
+
+    resources = {k: v for k, v in module.defs.resources.items() if k in ("session", "compute_ray")}
+    assert dg.materialize([inspect_resources], resources=resources).success
+    assert seen == {"time_limit": "01:00:00", "partition": "batch",
+                    "known_hosts": "~/.ssh/known_hosts", "startup_timeout": 180.0,
+                    "store": 2_000_000_000}

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.config_errors import RenamedField
+from dagster_slurm.config_errors import PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.ray_ports import (
@@ -177,7 +177,7 @@ def _has_control(text: str) -> bool:
     return any(ord(char) < 32 or ord(char) == 127 for char in text)
 
 
-class RayLauncher(ComputeLauncher):
+class RayLauncher(PublishedNames, ComputeLauncher):
     """Starts a Ray cluster inside the job, runs the payload on its head, then stops it.
 
     ``slurm`` mode: one Ray node per host of the allocation (the head on the first); local

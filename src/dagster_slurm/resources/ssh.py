@@ -14,13 +14,13 @@ from typing import ClassVar, Literal
 from dagster import ConfigurableResource
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.config_errors import KnownFieldsOnly, RenamedField
+from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.resources.published_env import ssh_environment
 from dagster_slurm.transport.ssh import SSHOptions, SSHTarget, SSHTransport, shared_transport
 
 
-class SSHConnectionResource(ConfigurableResource, KnownFieldsOnly):
+class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     """Connection settings for the Slurm login (edge) node.
 
     Authentication uses ``key_path`` if set, else ``password`` if set, else the keys offered

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.config_errors import KnownFieldsOnly, RenamedField
+from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.launchers.base import ComputeLauncher
@@ -37,7 +37,7 @@ FLAT_ALLOCATION_FIELDS: tuple[str, ...] = (
 )
 
 
-class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
+class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     """One allocation per Dagster run, shared by the run's steps, with explicit settings.
 
     ``get_session(context)`` returns the run's session in this process (the same object
