@@ -275,3 +275,15 @@ def test_from_env_inside_a_job_skips_what_slurm_sets_for_the_job() -> None:
 def test_from_env_warns_about_published_ssh_variables_it_cannot_honour() -> None:
     with pytest.warns(UserWarning, match="SLURM_SSH_FORCE_TTY='true' is ignored"):
         _from_env({**PUBLISHED_ENV, "SLURM_SSH_FORCE_TTY": "true"})
+
+
+def test_ssh_from_env_with_the_published_prefix_reads_its_renamed_variables() -> None:
+    env = {"SLURM_SSH_HOST": "login.example", "SLURM_SSH_USER": "alice",
+           "SLURM_SSH_KNOWN_HOSTS_FILE": "/etc/kh", "SLURM_SSH_JUMP_HOST": "bastion.example",
+           "SLURM_SSH_JUMP_KEY": "/keys/jump"}
+    with pytest.warns(DeprecationWarning) as caught:
+        ssh = SSHConnectionResource.from_env(prefix="SLURM_SSH", environ=env)
+    assert (ssh.known_hosts_path, ssh.jump_host.host, ssh.jump_host.key_path) == (
+        "/etc/kh", "bastion.example", "/keys/jump")
+    texts = " | ".join(str(w.message) for w in caught)
+    assert "use SLURM_SSH_KNOWN_HOSTS " in texts and "use SLURM_SSH_JUMP_KEY_PATH " in texts

@@ -111,6 +111,7 @@ def ssh_environment(env: Mapping[str, str], stem: str) -> tuple[dict[str, str], 
     default prefix and no ``SLURM_EDGE_NODE_HOST``, a set ``SLURM_SSH_HOST`` selects the
     published prefix (with a warning); both set is an error naming both."""
     out = dict(env)
+    advised = stem  # the prefix the warnings tell the user to use
     if stem == DEFAULT_SSH_PREFIX and _set(out, PUBLISHED_SSH_PREFIX + "HOST") is not None:
         ours, theirs = DEFAULT_SSH_PREFIX + "HOST", PUBLISHED_SSH_PREFIX + "HOST"
         if _set(out, ours) is not None:
@@ -121,8 +122,7 @@ def ssh_environment(env: Mapping[str, str], stem: str) -> tuple[dict[str, str], 
         warn_renamed(f"the environment variable prefix {PUBLISHED_SSH_PREFIX}", DEFAULT_SSH_PREFIX)
         stem = PUBLISHED_SSH_PREFIX
     for old, new in RENAMED_SSH_SUFFIXES.items():
-        ours = DEFAULT_SSH_PREFIX if stem == PUBLISHED_SSH_PREFIX else stem
-        _renamed(out, stem + old, stem + new, ours + new)
+        _renamed(out, stem + old, stem + new, advised + new)
     for prefix in (stem, stem + "JUMP_"):
         for suffix, reason in IGNORED_SSH_VARIABLES.items():
             value = _set(out, prefix + suffix)
