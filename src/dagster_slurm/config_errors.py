@@ -12,15 +12,31 @@ Dagster from run config (where Dagster's own schema check names unexpected entri
 The error is a :class:`UnknownFieldError`, a
 :class:`~dagster_slurm.errors.ConfigurationError`; pydantic reports it inside a
 ``ValidationError`` whose text carries the message and the location of the nested object.
+
+Names of the published dagster-slurm 1.x package that a class still accepts are listed in
+its ``renamed_fields`` (:class:`RenamedField`): the value moves to the field of today's name
+(``known_hosts_file`` to ``known_hosts_path``, ``time_limit`` to
+``run_allocation.time_limit``), with a :class:`DeprecationWarning` that names the new name.
+Both names given at once is an error naming both; an invalid value is refused with the
+message of the new field, naming the field as the user spelled it. The old names are not
+fields: they are not in the configuration reference or in Dagster's config schema.
+A Dagster resource with such names also lists :class:`PublishedNames` first among its
+bases, so that the configuration Dagster records (and rebuilds the resource from) holds the
+values under today's names.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, model_validator
+import pydantic
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from dagster_slurm.errors import ConfigurationError
 
@@ -101,15 +117,212 @@ def refuse_unknown_fields(model: type[BaseModel], data: Any) -> Any:
     return data
 
 
+# -- names of the published package ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenamedField:
+    """A keyword of the published dagster-slurm 1.x package accepted for one of our fields.
+
+    ``old``: the published keyword. ``new``: the field it sets, a dotted path for a field of
+    a nested configuration (``run_allocation.time_limit``). ``convert``: turns a value of
+    the old keyword into one of the new field (a change of unit); None passes it unchanged.
+    It may raise :class:`~dagster_slurm.errors.ConfigurationError` naming ``old``.
+    """
+
+    old: str
+    new: str
+    convert: Callable[[Any], Any] | None = None
+
+
+_LIBRARY_DIRS: tuple[str, ...] = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (__file__, pydantic.__file__)
+)
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of :func:`warnings.warn`, called from :func:`warn_at_caller`, that
+    points at the first frame outside this library, pydantic and Dagster (the user's line)."""
+    internal = _LIBRARY_DIRS + tuple(
+        os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+        for name in ("dagster", "pydantic_core")
+        if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)
+    )
+    frame, level = sys._getframe(2), 2  # 1: warn_at_caller itself
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """:func:`warnings.warn` attributed to the first line outside this library, pydantic
+    and Dagster (the user's line that led to the warning)."""
+    warnings.warn(message, category, stacklevel=_caller_stacklevel())
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """A :class:`DeprecationWarning` that ``old`` (a name of the published package) is
+    ``new`` in this library, attributed to the user's line."""
+    warn_at_caller(
+        f"{old!s} comes from the published dagster-slurm package; use {new!s} "
+        "(the old name is accepted for now and will be removed)",
+        DeprecationWarning,
+    )
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A value given under a published name: ``old`` as the user spelled it, ``path`` the
+    field it went to (as location parts, ``("run_allocation", "time_limit")``), ``value``
+    as given."""
+
+    old: str
+    path: tuple[str, ...]
+    value: object
+
+
+def _given(container: object, name: str) -> bool:
+    """Whether ``container`` (a mapping or a pydantic model) holds a non-None ``name``."""
+    if isinstance(container, Mapping):
+        return container.get(name) is not None
+    if isinstance(container, BaseModel):
+        return name in container.model_fields_set and getattr(container, name) is not None
+    return False
+
+
+def _both_given(rename: RenamedField, value: object) -> ConfigurationError:
+    return ConfigurationError(
+        rename.old, value,
+        f"given together with {rename.new}; {rename.old} is the published package's name "
+        f"of {rename.new}: set only {rename.new}",
+    )
+
+
+def _place(data: dict[str, Any], rename: RenamedField, value: object) -> None:
+    """Put ``value`` (already converted) at ``rename.new`` in ``data``; refuses a field that
+    is given already."""
+    head, _, leaf = rename.new.partition(".")
+    if not leaf:
+        if _given(data, head):
+            raise _both_given(rename, value)
+        data[head] = value
+        return
+    nested = data.get(head)
+    if _given(nested, leaf):
+        raise _both_given(rename, value)
+    if isinstance(nested, BaseModel):
+        values = {name: getattr(nested, name) for name in nested.model_fields_set}
+        data[head] = type(nested).model_validate({**values, leaf: value})
+    else:
+        data[head] = {**(nested or {}), leaf: value}
+
+
+def accept_renamed_fields(model: type[BaseModel], data: Any) -> tuple[Any, list[Moved]]:
+    """``data`` with every published name of ``model.renamed_fields`` moved to its field
+    (one :class:`DeprecationWarning` each), and what was moved. Raises
+    :class:`ConfigurationError` when a published name and its field are both given.
+    Non-mapping ``data`` passes unchanged."""
+    renames: Sequence[RenamedField] = getattr(model, "renamed_fields", ())
+    if not isinstance(data, Mapping) or not any(r.old in data for r in renames):
+        return data, []
+    out = dict(data)
+    moved: list[Moved] = []
+    for rename in renames:
+        if rename.old not in out:
+            continue
+        value = out.pop(rename.old)
+        warn_renamed(f"{model.__name__}({rename.old}=...)", rename.new)
+        try:
+            _place(out, rename, rename.convert(value) if rename.convert else value)
+        except ValidationError as error:  # a nested model rebuilt with the value
+            raise in_given_words(error, [Moved(rename.old, (rename.new.split(".")[-1],), value)]) from None
+        moved.append(Moved(rename.old, tuple(rename.new.split(".")), value))
+    return out, moved
+
+
+def _problem(detail: Mapping[str, Any], leaf: str) -> tuple[str, ConfigurationError | None]:
+    cause = (detail.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigurationError):
+        return cause.problem, cause
+    text = str(cause) if cause is not None else str(detail.get("msg", ""))
+    if text.startswith(f"{leaf}=") and ": " in text:
+        text = text.split(": ", 1)[1]
+    return text, None
+
+
+def in_given_words(error: ValidationError, moved: Sequence[Moved]) -> Exception:
+    """The first problem of ``error`` that concerns a value given under a published name,
+    as a :class:`ConfigurationError` naming that name and the value as given; ``error``
+    itself when none does."""
+    for detail in error.errors():
+        loc = tuple(str(part) for part in detail.get("loc", ()))
+        for item in moved:
+            problem, cause = _problem(detail, item.path[-1])
+            at_field = loc[: len(item.path)] == item.path
+            about_field = loc == item.path[:-1] and cause is not None and cause.field == item.path[-1]
+            if at_field or about_field:
+                return ConfigurationError(
+                    item.old, item.value,
+                    f"{problem} ({item.old} sets {'.'.join(item.path)})",
+                )
+    return error
+
+
+def _as_validation_error(model: type[BaseModel], data: Mapping[str, Any],
+                         cause: ConfigurationError) -> ValidationError:
+    return ValidationError.from_exception_data(
+        model.__name__,
+        [{"type": "value_error", "loc": (), "input": dict(data), "ctx": {"error": cause}}],
+    )
+
+
+class PublishedNames:
+    """Mixin, listed first, for Dagster resources whose ``renamed_fields`` hold names of the
+    published package: the names are moved before Dagster's constructor records the
+    resource's configuration (it keeps only the keywords given, by their field names, so a
+    value under an old name would otherwise be lost when Dagster rebuilds the resource).
+    Errors are those of :class:`KnownFieldsOnly`, in a ``ValidationError``.
+    """
+
+    def __init__(self, **data: Any) -> None:
+        model = type(self)
+        try:
+            renamed, moved = accept_renamed_fields(model, data)  # type: ignore[arg-type]
+        except ConfigurationError as error:
+            raise _as_validation_error(model, data, error) from None  # type: ignore[arg-type]
+        try:
+            super().__init__(**renamed)
+        except ValidationError as error:
+            converted = in_given_words(error, moved)
+            if converted is error or not isinstance(converted, ConfigurationError):
+                raise
+            raise _as_validation_error(model, data, converted) from None  # type: ignore[arg-type]
+
+
 class KnownFieldsOnly(BaseModel):
     """Mixin for pydantic (Dagster) configuration classes: unknown keywords are errors.
 
-    List it after the Dagster base class: ``class X(Config, KnownFieldsOnly)``.
+    List it after the Dagster base class: ``class X(Config, KnownFieldsOnly)``. A class
+    lists the published package's names it still accepts in ``renamed_fields`` (a class
+    attribute, not configuration; see :class:`RenamedField`).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    @model_validator(mode="before")
+    renamed_fields: ClassVar[tuple[RenamedField, ...]] = ()
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _refuse_unknown_fields(cls, data: Any) -> Any:
-        return refuse_unknown_fields(cls, data)
+    def _refuse_unknown_fields(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
+        data, moved = accept_renamed_fields(cls, data)
+        data = refuse_unknown_fields(cls, data)
+        if not moved:
+            return handler(data)
+        try:
+            return handler(data)
+        except ValidationError as error:
+            converted = in_given_words(error, moved)
+            if converted is error:
+                raise
+            raise converted from None

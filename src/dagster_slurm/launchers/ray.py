@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
+from dagster_slurm.config_errors import PublishedNames, RenamedField
+from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
 from dagster_slurm.launchers.ray_ports import (
     FIRST_WORKER_OFFSET,
@@ -155,17 +157,42 @@ _INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 _ADDRESS = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,253}")
 
 
+GIGABYTE = 1_000_000_000
+"""Bytes in a gigabyte of the published ``object_store_memory_gb`` (a decimal gigabyte)."""
+
+
+def _gigabytes(value: object) -> int | None:
+    """``object_store_memory_gb`` (published name) in bytes; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(
+            "object_store_memory_gb", value,
+            "must be a number of gigabytes (1 GB = 10**9 bytes) or None",
+        )
+    return int(round(value * GIGABYTE))
+
+
 def _has_control(text: str) -> bool:
     return any(ord(char) < 32 or ord(char) == 127 for char in text)
 
 
-class RayLauncher(ComputeLauncher):
+class RayLauncher(PublishedNames, ComputeLauncher):
     """Starts a Ray cluster inside the job, runs the payload on its head, then stops it.
 
     ``slurm`` mode: one Ray node per host of the allocation (the head on the first); local
     mode: one Ray node on this machine. The payload finds the cluster through
     ``RAY_ADDRESS``. See the module documentation for the script's behaviour.
+
+    The published package's ``object_store_memory_gb=`` (gigabytes of 10**9 bytes) and
+    ``head_startup_timeout=`` are accepted for ``object_store_memory`` (bytes) and
+    ``startup_timeout``, with a deprecation warning.
     """
+
+    renamed_fields: ClassVar[tuple[RenamedField, ...]] = (
+        RenamedField("object_store_memory_gb", "object_store_memory", convert=_gigabytes),
+        RenamedField("head_startup_timeout", "startup_timeout"),
+    )
 
     num_cpus_per_node: int | None = Field(
         default=None,

@@ -13,11 +13,12 @@ import threading
 from collections.abc import Mapping
 
 from dagster import ConfigurableResource
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from dagster_slurm.agent import AgentClient
-from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.config_errors import KnownFieldsOnly, Moved, in_given_words
 from dagster_slurm.errors import ConfigurationError, TransportError
+from dagster_slurm.resources import published_env
 from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.scheduler.client import SlurmScheduler
 from dagster_slurm.slurm.queue import SlurmQueueConfig
@@ -87,16 +88,30 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         queue: SlurmQueueConfig | None = None,
     ) -> SlurmResource:
         """SSH settings from ``<prefix>*`` (see :meth:`SSHConnectionResource.from_env`),
-        ``remote_base`` from ``SLURM_DEPLOYMENT_BASE_PATH`` and, when ``queue`` is None, the
-        partition from ``SLURM_PARTITION``."""
+        ``remote_base`` from ``SLURM_DEPLOYMENT_BASE_PATH`` (or, with a deprecation
+        warning, the published package's ``SLURM_REMOTE_BASE``) and, when ``queue`` is
+        None, the queue defaults from ``SLURM_PARTITION``, ``SLURM_TIME``, ``SLURM_CPUS``,
+        ``SLURM_MEM``, ``SLURM_MEM_PER_CPU``, ``SLURM_NUM_NODES``, ``SLURM_GPUS_PER_NODE``,
+        ``SLURM_QOS``, ``SLURM_RESERVATION``, ``SLURM_ACCOUNT`` and
+        ``SLURM_SIGNAL_BEFORE_TIMEOUT`` (the published package's variables; see
+        :mod:`dagster_slurm.resources.published_env`). A bad value raises
+        :class:`ConfigurationError` naming the variable."""
         env = os.environ if environ is None else environ
         if queue is None:
-            queue = SlurmQueueConfig(partition=env.get("SLURM_PARTITION") or None)
-        return cls(
-            ssh=SSHConnectionResource.from_env(prefix=prefix, environ=env),
-            queue=queue,
-            remote_base=env.get("SLURM_DEPLOYMENT_BASE_PATH") or None,
-        )
+            values = published_env.queue_values(env)
+            try:
+                queue = SlurmQueueConfig(**values)
+            except ValidationError as error:
+                raise in_given_words(error, [
+                    Moved(published_env.variable_of(field), (field,), value)
+                    for field, value in values.items()
+                ]) from None
+        ssh = SSHConnectionResource.from_env(prefix=prefix, environ=env)
+        base, variable = published_env.remote_base(env)
+        try:
+            return cls(ssh=ssh, queue=queue, remote_base=base)
+        except ValidationError as error:
+            raise in_given_words(error, [Moved(variable, ("remote_base",), base)]) from None
 
     def base_path(self) -> str:
         """``remote_base``, or ``$HOME/dagster-slurm`` of the login user (one lookup per process)."""

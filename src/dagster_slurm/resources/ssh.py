@@ -9,24 +9,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 from dagster import ConfigurableResource
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.resources.published_env import ssh_environment
 from dagster_slurm.transport.ssh import SSHOptions, SSHTarget, SSHTransport, shared_transport
 
 
-class SSHConnectionResource(ConfigurableResource, KnownFieldsOnly):
+class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     """Connection settings for the Slurm login (edge) node.
 
     Authentication uses ``key_path`` if set, else ``password`` if set, else the keys offered
     by a running ssh-agent. Host keys are checked against ``known_hosts_path``
     (``~/.ssh/known_hosts`` when None); relaxing that takes an explicit
     ``host_key_checking`` value.
+
+    ``known_hosts_file=`` (the published package's name) is accepted for
+    ``known_hosts_path``, with a deprecation warning.
     """
+
+    renamed_fields: ClassVar[tuple[RenamedField, ...]] = (
+        RenamedField("known_hosts_file", "known_hosts_path"),
+    )
 
     host: str = Field(description="Login node host name or IP address.")
     port: int = Field(default=22, description="SSH port of the login node.")
@@ -99,10 +107,13 @@ class SSHConnectionResource(ConfigurableResource, KnownFieldsOnly):
 
         ``prefix`` may be given with or without its trailing underscore. A missing ``HOST`` or
         ``USER`` or a non-numeric ``PORT`` raises :class:`ConfigurationError` naming the
-        variable.
+        variable. The published package's names are read too, with a deprecation warning:
+        ``SLURM_SSH_*`` when the default prefix finds no host, ``KNOWN_HOSTS_FILE`` and
+        ``JUMP_KEY`` (see :mod:`dagster_slurm.resources.published_env`).
         """
         env = os.environ if environ is None else environ
         stem = prefix if prefix.endswith("_") or not prefix else prefix + "_"
+        env, stem = ssh_environment(env, stem)
 
         def get(name: str) -> str | None:
             value = env.get(stem + name)

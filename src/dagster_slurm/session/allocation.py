@@ -25,6 +25,7 @@ from typing import Any
 
 from dagster_slurm.agent import exec_op, read_op, tail_op, txn_op, write_file_op
 from dagster_slurm.agent.results import TailRequest
+from dagster_slurm.config_errors import warn_renamed
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.paths import InvocationPaths, safe_name
 from dagster_slurm.scheduler.client import SlurmScheduler, parse_exit_code
@@ -77,7 +78,8 @@ class StepHandle:
 class SlurmAllocation:
     """A run session's allocation: job id, nodes, Ray address; start and wait for steps.
 
-    ``job_id`` (also ``slurm_job_id``): the Slurm job id. ``nodes``: its hosts, head first. ``ray_address``:
+    ``job_id``: the Slurm job id (``slurm_job_id``, the published package's name, is
+    accepted with a deprecation warning). ``nodes``: its hosts, head first. ``ray_address``:
     ``host:port`` of the Ray cluster started in it, None when it has no Ray.
     ``drain_signal``: the signal a drain sends (``TERM`` unless configured).
     """
@@ -113,7 +115,9 @@ class SlurmAllocation:
 
     @property
     def slurm_job_id(self) -> str:
-        """The Slurm job id of the allocation (the same value as :attr:`job_id`)."""
+        """The Slurm job id of the allocation: the published package's name of
+        :attr:`job_id` (same value), with a deprecation warning."""
+        warn_renamed("SlurmAllocation.slurm_job_id", "SlurmAllocation.job_id")
         return self.job_id
 
     def __repr__(self) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dagster_slurm.config_errors import warn_renamed
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.scheduler.client import StatusSnapshot
@@ -294,6 +295,7 @@ def _act_on_job(instance: Any, io: OrphanIO, report: OrphanReport, run: Any) -> 
 def build_slurm_orphan_reconcile_sensor(
     slurm: SlurmResource | None = None,
     *,
+    slurm_resource: SlurmResource | None = None,
     resource_key: str | None = None,
     name: str = "slurm_orphan_reconcile_sensor",
     minimum_interval_seconds: int = 60,
@@ -308,12 +310,22 @@ def build_slurm_orphan_reconcile_sensor(
     ``SlurmResource`` or a ``ComputeResource``). Each tick reports what it cancelled in its
     skip message; it never requests runs.
     ``heartbeat_timeout`` and ``prune_closed_after``: see :func:`reconcile_orphaned_slurm_runs`.
+    ``slurm_resource``: the published package's name of ``slurm``, accepted with a
+    deprecation warning (giving both is an error).
     """
     import dagster as dg
 
-    if (slurm is None) == (resource_key is None):
-        from dagster_slurm.errors import ConfigurationError
+    if slurm_resource is not None:
+        warn_renamed("build_slurm_orphan_reconcile_sensor(slurm_resource=...)", "slurm=")
+        if slurm is not None:
+            raise ConfigurationError(
+                "slurm_resource", slurm_resource,
+                "given together with slurm; slurm_resource is the published package's name "
+                "of slurm: give only slurm",
+            )
+        slurm = slurm_resource
 
+    if (slurm is None) == (resource_key is None):
         raise ConfigurationError("slurm", slurm, "give exactly one of slurm= or resource_key=")
 
     kwargs: dict[str, Any] = {}

@@ -74,7 +74,9 @@ def inspect(session: RunSession) -> SessionSnapshot:
 def assign_worker_intent(session: RunSession, job_id: str, key: str | None) -> None:
     """Move worker allocation ``job_id`` into intent ``key`` (None: out of every intent),
     under the session lock; raises :class:`SessionError` when that is refused."""
-    job_id = str(getattr(job_id, "slurm_job_id", getattr(job_id, "job_id", job_id)))
+    if not isinstance(job_id, str):  # a WorkerAllocation, SlurmAllocation or AllocationSnapshot
+        job_id = getattr(job_id, "job_id", None) or getattr(job_id, "slurm_job_id", job_id)
+    job_id = str(job_id)
     if key is not None:
         check_key(key)
     for _attempt in range(5):

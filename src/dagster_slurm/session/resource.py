@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.launchers.base import ComputeLauncher
@@ -28,8 +28,16 @@ from dagster_slurm.session.workers import WorkerAllocation
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.slurm.validation import validate_count
 
+#: Allocation fields the published package's SlurmSessionResource took directly (the "flat"
+#: form, ``SlurmSessionResource(slurm=..., time_limit=...)``); here they belong to
+#: ``run_allocation``. ``num_nodes`` is a field of both.
+FLAT_ALLOCATION_FIELDS: tuple[str, ...] = (
+    "time_limit", "signal_before_timeout", "partition", "gpus_per_node", "cpus_per_task",
+    "mem", "mem_per_cpu", "qos", "account", "reservation",
+)
 
-class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
+
+class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     """One allocation per Dagster run, shared by the run's steps, with explicit settings.
 
     ``get_session(context)`` returns the run's session in this process (the same object
@@ -53,7 +61,15 @@ class SlurmSessionResource(ConfigurableResource, KnownFieldsOnly):
     offers no CPUs or GPUs) plus worker allocations that do the work; the worker
     allocation is submitted again whenever the run has none left (see
     :mod:`dagster_slurm.session.run_layout`).
+
+    The published package's flat form (``time_limit=``, ``partition=``, ``qos=`` ... given
+    to the resource itself) is accepted for the same fields of ``run_allocation``
+    (:data:`FLAT_ALLOCATION_FIELDS`), with a deprecation warning.
     """
+
+    renamed_fields: ClassVar[tuple[RenamedField, ...]] = tuple(
+        RenamedField(name, f"run_allocation.{name}") for name in FLAT_ALLOCATION_FIELDS
+    )
 
     session_class: ClassVar[type[RunSession]] = RunSession
 
