@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from compute_support import slurm_resource
+from compute_support import compute, slurm_resource
 
 from dagster_slurm import ComputeResource, SlurmResource
 from dagster_slurm.agent import exec_op, write_file_op
@@ -53,8 +53,8 @@ def test_a_job_that_ends_before_the_first_poll_costs_one_sbatch_one_squeue_one_s
     payload = tmp_path / "trivial.sh"
     payload.write_text("#!/bin/bash\necho trivial\n")
     seen: dict = {}
-    compute = ComputeResource(mode="slurm", slurm=slurm_resource(env))
-    result = dg.materialize([_shell_asset(str(payload), seen)], resources={"compute": compute})
+    resource = compute(env)  # the environment the other tests deploy: none packed here
+    result = dg.materialize([_shell_asset(str(payload), seen)], resources={"compute": resource})
     assert result.success
     calls = seen["calls"]
     assert calls.get("sbatch") == 1 and calls.get("sacct", 0) <= 1
@@ -80,10 +80,10 @@ def test_a_status_file_written_while_the_job_still_runs_does_not_end_the_step(
         f"touch {marks}/finished\n"
     )
     seen: dict = {}
-    compute = ComputeResource(mode="slurm", slurm=slurm)
+    resource = compute(env, slurm=slurm)
     outcome: dict = {}
     run = threading.Thread(target=lambda: outcome.update(result=dg.materialize(
-        [_shell_asset(str(payload), seen)], resources={"compute": compute})))
+        [_shell_asset(str(payload), seen)], resources={"compute": resource})))
     scheduler = slurm.scheduler()
     try:
         run.start()
