@@ -64,8 +64,7 @@ def shared_squeue(
 ) -> dict:
     """The squeue answer for a request that knows ``known_ids``, served from the shared
     file of ``spec`` (``{"path", "argv", "max_age", "wait", "floor", "client"}``) when it is
-    good enough, else
-    refreshed by one process (see the module docstring). ``run(argv, timeout)`` runs squeue
+    good enough, else refreshed by one process (see the module docstring). ``run(argv, timeout)`` runs squeue
     and returns ``{"rc", "stdout", "stderr"}``. The answer has the same fields plus
     ``shared``: ``{"at", "age", "ran"}`` (``ran``: this request ran the squeue)."""
     path = get_str(spec, "path").replace("{uid}", str(os.getuid()))
@@ -109,28 +108,30 @@ def shared_squeue(
     return _served(answer, started, ran=True)
 
 
+def _first_field(line: str) -> str | None:
+    """A squeue line's job id column (its first ``|``- or space-separated field), or None."""
+    head = line.strip().split("|", 1)[0].split()
+    return head[0] if head else None
+
+
+def _member_of(field: str, job_id: str) -> bool:
+    """Whether the id ``field`` is ``job_id`` or one of its array/het members."""
+    return field == job_id or field.startswith((job_id + "_", job_id + "+"))
+
+
 def listed_job_ids(squeue_stdout: str, known_ids: list) -> set:
     """The ``known_ids`` that appear as the first field of a line (array/het suffixes count)."""
-    firsts = set()
-    for line in squeue_stdout.splitlines():
-        head = line.strip().split("|", 1)[0].split()
-        if head:
-            firsts.add(head[0])
-    present = set()
-    for job_id in known_ids:
-        if job_id in firsts or any(f.startswith((job_id + "_", job_id + "+")) for f in firsts):
-            present.add(job_id)
-    return present
+    firsts = {f for f in map(_first_field, squeue_stdout.splitlines()) if f}
+    return {job_id for job_id in known_ids if any(_member_of(f, job_id) for f in firsts)}
 
 
 def lines_of(squeue_stdout: str, job_ids: list) -> str:
     """The lines of ``squeue_stdout`` whose first field is one of ``job_ids`` (or one of
     their array/het members): what a request gets of the user-wide answer."""
-    wanted = set(job_ids)
     kept = []
     for line in squeue_stdout.splitlines():
-        head = line.strip().split("|", 1)[0].split()
-        if head and (head[0] in wanted or head[0].split("_", 1)[0].split("+", 1)[0] in wanted):
+        field = _first_field(line)
+        if field and any(_member_of(field, job_id) for job_id in job_ids):
             kept.append(line)
     return "".join(line + "\n" for line in kept)
 
