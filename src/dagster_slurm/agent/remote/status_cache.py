@@ -76,10 +76,6 @@ def shared_squeue(
     floor = get_number(spec, "floor", 0.0)
     client = spec.get("client") if isinstance(spec.get("client"), str) else None
     started = clock()
-    try:
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-    except OSError:
-        pass  # the lock below then fails and the request runs its own squeue
     cached = _read(path, argv)
     if cached is not None and cached["at"] >= started - max_age and _covers(cached, known_ids):
         return _served(cached, started, ran=False)
@@ -93,6 +89,12 @@ def shared_squeue(
             cached = _read(path, argv)
             if cached is not None and cached["at"] >= started:
                 return _served(cached, started, ran=False)
+    try:
+        # only a refresh needs the directory (a served poll costs no mkdir on a shared
+        # filesystem); without it the lock fails and the request runs its own squeue
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    except OSError:
+        pass
     try:
         with dirlock.locked(path + ".refresh", wait, "squeue refresh", warnings):
             cached = _read(path, argv)
