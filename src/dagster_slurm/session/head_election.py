@@ -78,16 +78,25 @@ def elector_id() -> str:
 def scheduler_view(session: RunSession) -> tuple[SessionDocument | None, SchedulerView, float]:
     """The session document, one squeue of the session's jobs, and the store's clock. With
     Ray, the head's step server's ``ray_stopped`` marker says whether its Ray answers (the
-    head's ``ray_alive`` is False once it is there, else not known)."""
+    head's ``ray_alive`` is False once it is there, else not known); for a head hosted by a
+    worker allocation, its step server's ``drained`` marker says that allocation drains
+    itself (both markers read in one round trip)."""
     read = session.io.read()
     snapshot = session.io.queue([session.job_name])
     alive: dict[str, bool] = {}
+    drained: frozenset[str] = frozenset()
     head = read.doc.allocation if read.doc is not None else None
     if session.has_ray and head is not None and head.job_id and head.status == "submitted":
-        if session.io.read_lines(session.paths.ray_stopped(str(head.job_id))):
-            alive[str(head.job_id)] = False
+        job_id = str(head.job_id)
+        stopped, marker = session.paths.ray_stopped(job_id), session.paths.drained(job_id)
+        asked = [stopped, marker] if head.kind == et.WORKER_HEAD_KIND else [stopped]
+        texts = session.io.poll_files(session.job_name, job_id, asked, with_status=False).texts
+        if (texts.get(stopped) or "").strip():
+            alive[job_id] = False
+        if (texts.get(marker) or "").strip():
+            drained = frozenset({job_id})
     view = SchedulerView.from_squeue(snapshot.queue, observed_at=snapshot.observed_at or read.now,
-                                     certain=snapshot.certain, ray_alive=alive)
+                                     certain=snapshot.certain, ray_alive=alive, drained=drained)
     return read.doc, view, read.now
 
 

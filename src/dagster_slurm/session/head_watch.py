@@ -9,10 +9,13 @@ process that uses the session checks the head every
 squeue, in :func:`decide`), and
 
 * elects a new head at once (``replace_head``; one process wins the claim, the others wait
-  for its head) when the head's job ended, its Ray stopped while the job runs, or it drains;
+  for its head) when the head's job ended, its Ray stopped while the job runs, or it drains
+  (for a head hosted by a worker allocation: that allocation drains);
 * drains the head itself (``request_drain()``) when it gets no pre-walltime signal and no
   more than :data:`~dagster_slurm.state.election.HANDOVER_LEAD` seconds of its walltime are
-  left, so that it hands over before it ends;
+  left, so that it hands over before it ends; a worker allocation that hosts the head is
+  removed instead (drained to end shortly before its walltime), which moves the head to
+  another host first;
 * otherwise, for a session laid out with worker allocations (a separate head), submits the
   first worker allocation again when none is left
   (:func:`~dagster_slurm.session.run_layout.keep_a_worker`).
@@ -41,6 +44,7 @@ from dagster_slurm.state.election import (
     SchedulerView,
     choose_head,
     head_drain_due,
+    hosting_worker_drains,
 )
 from dagster_slurm.state.election_transitions import WORKER_HEAD_KIND
 
@@ -89,11 +93,12 @@ def decide(doc: SessionDocument | None, view: SchedulerView, now: float, *,
         return WatchDecision(WatchAction.IDLE, "no worker allocation and no separate head")
     head = str(doc.allocation.job_id) if doc.allocation and doc.allocation.job_id else None
     hosted = doc.allocation is not None and doc.allocation.kind == WORKER_HEAD_KIND
-    # a worker allocation hosting the head is not drained (its drain stops it rather than
-    # handing over): it is replaced once its job ends
-    if not hosted and head_drain_due(doc, view, now, has_signal=has_signal):
-        return WatchDecision(WatchAction.DRAIN, f"the head allocation (job {head}) gets no "
-                             "pre-walltime signal and its walltime is near", head)
+    if (head_drain_due(doc, view, now, has_signal=has_signal)
+            and not hosting_worker_drains(doc)):
+        what = (f"worker allocation {head}, which hosts the head," if hosted
+                else f"the head allocation (job {head})")
+        return WatchDecision(WatchAction.DRAIN, f"{what} gets no pre-walltime signal and its "
+                             "walltime is near", head)
     choice = choose_head(doc, view, now, port_strategy=port_strategy,
                          hosts_on_workers=hosts_on_workers)
     if choice.kind in (HeadChoiceKind.KEEP, HeadChoiceKind.WAIT, HeadChoiceKind.CLOSED):
@@ -135,7 +140,11 @@ class HeadWatch(threading.Thread):
                                                     "random")))
         if decision.action is WatchAction.DRAIN:
             log.info("draining the head of %s: %s", session.job_name, decision.reason)
-            session.ensure(self.logger).request_drain()
+            if doc is not None and doc.allocation is not None \
+                    and doc.allocation.kind == WORKER_HEAD_KIND:
+                self._hand_over(decision, view, now)
+            else:
+                session.ensure(self.logger).request_drain()
         elif decision.action is WatchAction.ELECT:
             log.warning("the head of %s must be replaced: %s", session.job_name, decision.reason)
             replace_head(session, logger=self.logger)
@@ -145,6 +154,21 @@ class HeadWatch(threading.Thread):
 
             keep_a_worker(session, self.logger, observed=(doc, view))
         return decision
+
+    def _hand_over(self, decision: WatchDecision, view: SchedulerView, now: float) -> None:
+        """Drain the worker allocation that hosts the head so that it finishes
+        :data:`~dagster_slurm.session.worker_job.WALLTIME_MARGIN_SECONDS` seconds before its
+        walltime; its removal moves the head first (in a background thread, like
+        ``remove_worker_allocation(wait=False)``)."""
+        from dagster_slurm.session.worker_job import WALLTIME_MARGIN_SECONDS
+        from dagster_slurm.session.worker_removal import remove_worker_allocation
+
+        assert decision.head is not None
+        job = view.jobs.get(decision.head)
+        end_at = job.end_at if job is not None else None
+        left = 0.0 if end_at is None else max(0.0, end_at - now - WALLTIME_MARGIN_SECONDS)
+        remove_worker_allocation(self.session, decision.head, drain_timeout=left, wait=False,
+                                 logger=self.logger)
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):

@@ -146,13 +146,9 @@ def _install(session: RunSession, job_id: str, term: int, owner: str,
     return allocation
 
 
-def refuse_removing_head(session: RunSession, job_id: str) -> None:
-    """Raise SessionError when worker allocation ``job_id`` is the session's head record
-    (it hosts the Ray head: removing it would end the run's Ray cluster)."""
+def hosts_head(session: RunSession, job_id: str) -> bool:
+    """True when worker allocation ``job_id`` is the session's head record (it hosts the Ray
+    head since an election); one read of the document."""
     doc = session.io.read().doc
     head = doc.allocation if doc is not None else None
-    if head is not None and head.job_id is not None and str(head.job_id) == str(job_id):
-        raise SessionError(
-            f"worker allocation {job_id} hosts the Ray head of {session.job_name}; move the "
-            "head first (request_drain() on the head allocation, then session.replace_head()),"
-            " then remove the worker allocation")
+    return head is not None and head.job_id is not None and str(head.job_id) == str(job_id)

@@ -19,7 +19,7 @@ import json
 import math
 
 from dagster_slurm.jobs.signals import drain_signal_of
-from dagster_slurm.launchers.base import ExecutionPlan
+from dagster_slurm.launchers.base import DEFAULT_DRAIN_SIGNAL, ExecutionPlan
 from dagster_slurm.launchers.ray import RAY_STOP_GRACE_SECONDS, RayLauncher
 from dagster_slurm.launchers.script import render_prologue, render_template
 from dagster_slurm.session.paths import SessionPaths
@@ -119,9 +119,12 @@ def worker_plan(paths: SessionPaths, token: str, activation: str | None) -> Exec
 
 def render_worker(*, paths: SessionPaths, launcher: RayLauncher,
                   config: SlurmWorkerAllocationConfig, activation: str | None,
-                  token: str, restart_delays: tuple[int, ...] = RESTART_DELAYS) -> str:
+                  token: str, restart_delays: tuple[int, ...] = RESTART_DELAYS,
+                  server_drain_signal: str = DEFAULT_DRAIN_SIGNAL) -> str:
     """The batch script of worker submission ``token`` (``config`` resolved);
-    ``restart_delays``: seconds before each restart of a node (:data:`RESTART_DELAYS`)."""
+    ``restart_delays``: seconds before each restart of a node (:data:`RESTART_DELAYS`);
+    ``server_drain_signal``: the drain signal of the step server it starts when it hosts
+    the head (the session's), sent to that server when the allocation drains."""
     walltime = drain_signal_of(config.signal_before_timeout) or ""
     lead = signal_lead_seconds(config.signal_before_timeout) if config.signal_before_timeout else None
     return render_template(
@@ -133,6 +136,7 @@ def render_worker(*, paths: SessionPaths, launcher: RayLauncher,
             "drain_lead": "" if lead is None else str(int(lead)),
             "default_drain": str(DEFAULT_DRAIN_SECONDS),
             "startup_timeout": str(math.ceil(launcher.startup_timeout)),
+            "server_drain_signal": server_drain_signal,
             "stop_grace": str(RAY_STOP_GRACE_SECONDS),
             "restart_delays": [str(delay) for delay in restart_delays],
             "max_restarts": str(len(restart_delays)),
@@ -153,7 +157,8 @@ def render_worker(*, paths: SessionPaths, launcher: RayLauncher,
 
 def worker_submission(*, paths: SessionPaths, job_name: str, launcher: RayLauncher,
                       config: SlurmWorkerAllocationConfig, activation: str | None,
-                      token: str) -> tuple[SbatchSpec, dict[str, tuple[str | bytes, int]]]:
+                      token: str, server_drain_signal: str = DEFAULT_DRAIN_SIGNAL,
+                      ) -> tuple[SbatchSpec, dict[str, tuple[str | bytes, int]]]:
     """The sbatch request of a worker allocation and the files it needs: the batch script
     (``<submit dir>/worker.sh``, mode 0600; the step server it starts when it hosts the
     head, ``<submit dir>/step_server.sh``, is rendered by the session). ``config`` must be resolved
@@ -164,5 +169,6 @@ def worker_submission(*, paths: SessionPaths, job_name: str, launcher: RayLaunch
     spec = config.to_sbatch_spec(job_name, script, output=paths.output, error=paths.output,
                                  chdir=paths.session_dir)
     text = render_worker(paths=paths, launcher=launcher, config=config,
-                         activation=activation, token=token)
+                         activation=activation, token=token,
+                         server_drain_signal=server_drain_signal)
     return spec, {script: (text, 0o600)}

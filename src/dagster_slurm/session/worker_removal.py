@@ -33,8 +33,14 @@ the process (the drain itself goes on in the cluster; the release is then record
 next call for the allocation, or at teardown).
 
 Removing a worker allocation never signals the head allocation or the payload drivers. A
-worker allocation that hosts the head (after an election) is refused with SessionError:
-move the head first (``request_drain()`` on it, then ``replace_head()``).
+worker allocation that hosts the head (after an election) hands the head over first: once
+its drain deadline is persisted the session counts the head as draining, the batch script
+passes the drain on to the head's step server (its payload steps get the drain signal, new
+steps are answered "drained"), and the removal elects the next head
+(``replace_head()``: a running successor, another worker allocation, else a new allocation
+shaped like the first head) before it follows the drain; with ``wait=False`` the election
+runs in the background thread too. The old head's control plane stays up until the
+allocation's drain ends, for the work still draining there.
 
 :func:`worker_allocations` lists the live (not released) worker allocations the session
 document records, so that a restarted supervisor finds them and can remove them.
@@ -133,10 +139,9 @@ def remove_worker_allocation(session: RunSession, allocation: WorkerAllocation |
         if not wait:
             return None
         return JobState.parse(record.final_state) if record.final_state else JobState.UNKNOWN
-    from dagster_slurm.session.worker_head import refuse_removing_head
+    from dagster_slurm.session.worker_head import hosts_head
 
-    refuse_removing_head(session, job_id)
-    removal = _Removal(session, job_id, out)
+    removal = _Removal(session, job_id, out, hand_over=hosts_head(session, job_id))
     snapshot = removal.observe()
     observed = snapshot.job(job_id)
     deadline: float | None = None
@@ -170,10 +175,13 @@ def _record(session: RunSession, job_id: str) -> Worker:
 class _Removal:
     """One worker allocation being removed: the drain request and the follow-up."""
 
-    def __init__(self, session: RunSession, job_id: str, out: _SafeLog) -> None:
+    def __init__(self, session: RunSession, job_id: str, out: _SafeLog, *,
+                 hand_over: bool = False) -> None:
         self.session = session
         self.job_id = job_id
         self.out = out
+        #: the allocation hosts the head: elect another before following the drain
+        self.hand_over = hand_over
 
     # -- the scheduler, waiting out an unanswered one ---------------------------------------
     def observe(self, pause: Callable[[float, str], None] | None = None) -> StatusSnapshot:
@@ -250,6 +258,22 @@ class _Removal:
                            "session document kept changing; call remove_worker_allocation() "
                            "again")
 
+    def _move_head(self, deadline: float) -> None:
+        """Elect the next head while this allocation, which hosts the current one, drains
+        (the document shows its drain deadline, so the election does not keep it). The
+        drain goes on whatever the election's outcome: a failed election is logged, the
+        next head check elects again."""
+        from dagster_slurm.session.head_election import replace_head
+
+        self.out.info(f"Worker allocation {self.job_id} hosts the Ray head of "
+                      f"{self.session.job_name}: electing another head before it leaves")
+        try:
+            replace_head(self.session, logger=self.out)
+        except DagsterSlurmError as exc:
+            self.out.warning(f"The head of {self.session.job_name} was not moved off worker "
+                             f"allocation {self.job_id} ({exc}); its drain goes on and the "
+                             "next head check elects again")
+
     # -- following the job ------------------------------------------------------------------
     def follow_quietly(self, deadline: float | None, snapshot: StatusSnapshot) -> None:
         """:meth:`follow` in a background thread: errors are logged, never raised."""
@@ -266,6 +290,8 @@ class _Removal:
         passed while it still runs; ``deadline`` None: no drain, nothing to cancel); record
         the release and return the final state."""
         session, job_id = self.session, self.job_id
+        if self.hand_over and deadline is not None:
+            self._move_head(deadline)
         backoff = PollBackoff(initial=1.0, maximum=5.0, factor=1.5)
         cancelled = False
         told, last_nodes = -math.inf, None

@@ -88,7 +88,8 @@ def prepare_worker_submission(session: RunSession, resolved: SlurmWorkerAllocati
     must be a RayLauncher."""
     spec, files = worker_submission(paths=session.paths, job_name=session.job_name,
                                     launcher=session.launcher, config=resolved,
-                                    activation=session.activation(), token=token)
+                                    activation=session.activation(), token=token,
+                                    server_drain_signal=session.drain_signal)
     files[f"{session.paths.submit_dir(token)}/step_server.sh"] = _step_server(session, token)
     return spec, files, resolved.snapshot(), _shape(spec)
 

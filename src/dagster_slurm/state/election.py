@@ -4,7 +4,9 @@
 about the session's jobs, and whether each head's Ray answered) and the time, and returns a
 :class:`HeadChoice`:
 
-* ``KEEP`` — the head is healthy: its job runs, its Ray answers, it does not drain;
+* ``KEEP`` — the head is healthy: its job runs, its Ray answers, it does not drain (a
+  head hosted by a worker allocation also drains when that allocation does: its removal
+  was requested, or its step server recorded a drain);
 * ``WAIT`` — someone else's election claim has not expired, a head is being submitted or
   starting, or the scheduler's answer is uncertain (an unknown never elects a head);
 * ``SUCCESSOR`` — a published successor runs: it becomes the head;
@@ -30,7 +32,13 @@ from enum import Enum
 
 from dagster_slurm.slurm.parsers import SqueueRecord
 from dagster_slurm.slurm.states import JobState
-from dagster_slurm.state.election_transitions import FAILED_TWICE, ClaimState, claim_state, failures
+from dagster_slurm.state.election_transitions import (
+    FAILED_TWICE,
+    WORKER_HEAD_KIND,
+    ClaimState,
+    claim_state,
+    failures,
+)
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.transitions import HeadState, head_state
 
@@ -45,13 +53,16 @@ class JobView:
 
     ``state`` is None when unknown; ``end_at`` the expected end (epoch seconds, login node
     clock; ``inf`` without a limit, None unknown); ``nodes`` its nodes in order (empty while
-    pending or unknown); ``ray_alive`` whether a head's Ray answered (None: not checked).
+    pending or unknown); ``ray_alive`` whether a head's Ray answered (None: not checked);
+    ``drained`` True when the step server of a worker allocation that hosts the head recorded
+    a drain (the allocation drains itself, e.g. on its pre-walltime signal; False: not seen).
     """
 
     state: JobState | None
     end_at: float | None = None
     nodes: tuple[str, ...] = ()
     ray_alive: bool | None = None
+    drained: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,9 +76,11 @@ class SchedulerView:
     @classmethod
     def from_squeue(cls, records: Mapping[str, SqueueRecord], *, observed_at: float,
                     certain: bool = True,
-                    ray_alive: Mapping[str, bool] | None = None) -> SchedulerView:
+                    ray_alive: Mapping[str, bool] | None = None,
+                    drained: frozenset[str] = frozenset()) -> SchedulerView:
         """A view of squeue ``records`` read at ``observed_at`` (epoch seconds): the end is
-        the time left counted from then (else squeue's end time)."""
+        the time left counted from then (else squeue's end time). ``drained``: job ids whose
+        step server recorded a drain."""
         alive = ray_alive or {}
         jobs = {}
         for job_id, rec in records.items():
@@ -76,7 +89,8 @@ class SchedulerView:
                 end = observed_at + rec.time_left_seconds
             elif rec.end_time is not None:
                 end = rec.end_time.timestamp()
-            jobs[job_id] = JobView(rec.state, end, tuple(rec.nodes or ()), alive.get(job_id))
+            jobs[job_id] = JobView(rec.state, end, tuple(rec.nodes or ()), alive.get(job_id),
+                                   job_id in drained)
         return cls(jobs, certain)
 
 
@@ -153,6 +167,8 @@ def _head_verdict(doc: SessionDocument, view: SchedulerView,
         return f"the head allocation (job {job_id}) ended {job.state.value}"
     if state is HeadState.DRAINING:
         return f"the head allocation (job {job_id}) drains"
+    if hosting_worker_drains(doc) or (record.kind == WORKER_HEAD_KIND and job.drained):
+        return f"worker allocation {job_id}, which hosts the head, drains"
     if job.ray_alive is False:
         return f"the Ray head of job {job_id} stopped while the job runs"
     if state is HeadState.SUBMITTED or not _running(job):
@@ -160,6 +176,18 @@ def _head_verdict(doc: SessionDocument, view: SchedulerView,
                           f"not running yet ({job.state.value})", job_id=job_id, term=term)
     return HeadChoice(HeadChoiceKind.KEEP, f"the head allocation (job {job_id}) is healthy",
                       job_id=job_id, term=term)
+
+
+def hosting_worker_drains(doc: SessionDocument | None) -> bool:
+    """True when the head is hosted by a worker allocation (kind
+    :data:`~dagster_slurm.state.election_transitions.WORKER_HEAD_KIND`) whose drain the
+    session requested (its worker record has a drain deadline): the head must move before
+    that allocation ends."""
+    record = doc.allocation if doc is not None else None
+    if record is None or record.kind != WORKER_HEAD_KIND or record.job_id is None:
+        return False
+    worker = doc.workers.get(str(record.job_id)) if doc is not None else None
+    return worker is not None and worker.drain_deadline is not None
 
 
 def eligible_workers(doc: SessionDocument, view: SchedulerView, now: float, *,

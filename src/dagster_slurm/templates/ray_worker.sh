@@ -12,7 +12,8 @@
 #   drain      written by the session before it sends USR1: 'deadline=<epoch seconds>'.
 #   host_head  written by an elector: 'term=<n>' asks the allocation to host the run's Ray
 #              head, 'stop term=<n>' withdraws the request (looked at every second);
-#   host_head_state  'starting|started|failed|stopped|ended term=<n> ...' (atomically).
+#   host_head_state  'starting|started|draining|failed|stopped|ended term=<n> ...'
+#              (atomically).
 #
 # Hosting the head: 'ray start --head' with no CPUs and no GPUs (resource
 # dagster_slurm_head) on the FIRST node, in a step of its own next to that node's worker
@@ -22,6 +23,8 @@
 # new head like every other worker allocation's and keep their CPUs and GPUs. A head that
 # does not start within startup_timeout, or whose 'ray start' ends first, is reported
 # 'failed'. While it hosts the head the allocation never releases itself for lack of one.
+# When it drains while hosting, its step server drains too (see __dw_host_drain): the
+# session then elects another head.
 #
 # A head is live while squeue lists its job RUNNING (or cannot answer) and its GCS port
 # answers. Each node runs 'ray start --block' in an 'srun --overlap' step of its own. A node
@@ -43,6 +46,7 @@ __dw_walltime_signal=@@{walltime_signal}
 __dw_drain_lead=@@{drain_lead}
 __dw_default_drain=@@{default_drain}
 __dw_startup_timeout=@@{startup_timeout}
+__dw_server_drain=@@{server_drain_signal}
 __dw_stop_grace=@@{stop_grace}
 __dw_restart_delays=(@@{restart_delays})
 __dw_node_query=@@{node_query}
@@ -489,6 +493,7 @@ __dw_drain_all() {
     __dw_state=""
     __dw_write_state draining
     __dw_deadline=$(__dw_drain_deadline)
+    __dw_host_drain
     now=$(date +%s)
     __dw_log "drain ($__dw_drain): draining every node through Ray; each node leaves once" \
         "idle, what still runs in $((__dw_deadline - now)) s (the deadline) is stopped"
@@ -591,6 +596,19 @@ __dw_host_stop() {
     __dw_host_pid="" __dw_server_pid="" __dw_host_phase=""
     # A ready file of an earlier term must not pass for the next one's.
     rm -f -- "$__dw_job_dir/ready"
+}
+
+# The allocation drains while it hosts the run's head: the step server gets its drain
+# signal (it records it in <job dir>/drained, passes it to the running payload steps and
+# starts no new one), so the session elects another head; the head itself stays up until
+# the drain ends, for the work still draining here.
+__dw_host_drain() {
+    [ "$__dw_host_phase" = started ] && [ -n "$__dw_server_pid" ] || return 0
+    __dw_log "this allocation hosts the run's Ray head (term $__dw_host_term): draining its" \
+        "step server ($__dw_server_drain); the session elects another head"
+    kill "-$__dw_server_drain" "$__dw_server_pid" 2>/dev/null \
+        || __dw_log "the step server of the head (pid $__dw_server_pid) is gone"
+    __dw_host_report "draining term=$__dw_host_term"
 }
 
 __dw_host_fail() {

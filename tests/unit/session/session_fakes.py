@@ -233,7 +233,15 @@ class FakeCluster:
                    with_status: bool) -> FilesPoll:
         self._count("poll_files")
         status = self._snapshot([job_name]) if with_status else None
-        return FilesPoll({path: self.files.get(path) for path in paths}, status)
+        return FilesPoll({path: self._file_text(path) for path in paths}, status)
+
+    def _file_text(self, path: str) -> str | None:
+        """A file's text: the step server's markers from their tables, else ``files``."""
+        job_id = path.rstrip("/").split("/")[-2]
+        for suffix, table in (("/drained", self.drained), ("/ray_stopped", self.ray_stopped)):
+            if path.endswith(suffix):
+                return table[job_id] + "\n" if job_id in table else None
+        return self.files.get(path)
 
     def beat(self, change: tr.Change, content: str) -> None:
         self._count("beat")

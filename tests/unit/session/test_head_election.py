@@ -254,12 +254,25 @@ def test_a_head_whose_ray_stopped_while_its_job_runs_is_replaced() -> None:
     assert head in cluster.cancelled  # released: it had no unfinished step
 
 
-def test_a_worker_hosted_head_is_not_drained_before_its_walltime() -> None:
+def test_a_worker_hosted_head_without_signal_is_handed_over_before_its_walltime() -> None:
     session, cluster, head = _running_head()
     _add_worker_record(cluster)
     assert cluster.store.transact([{"op": "add", "path": "/allocation/kind",
                                     "value": et.WORKER_HEAD_KIND}]).ok
     doc, view, now = _view(cluster, session)
+    early = decide(doc, view, now, separate_head=False, has_signal=False)
+    assert early.action is WatchAction.KEEP
     late = now + 600 - HANDOVER_LEAD + 1
+    due = decide(doc, view, late, separate_head=False, has_signal=False)
+    assert due.action is WatchAction.DRAIN and "hosts the head" in due.reason
+    assert due.head == head
+    # with a pre-walltime signal the allocation drains itself: nothing to do yet
     assert decide(doc, view, late, separate_head=False,
-                  has_signal=False).action is WatchAction.KEEP
+                  has_signal=True).action is WatchAction.KEEP
+    # once its drain is recorded (a removal, or the head check's own), the head is replaced
+    assert cluster.store.transact([{"op": "add", "path": "/workers/" + head,
+                                    "value": {"job_id": head, "nodes": ["c1"], "config": {},
+                                              "drain_deadline": late + 100}}]).ok
+    doc, view, now = _view(cluster, session)
+    moved = decide(doc, view, late, separate_head=False, has_signal=False)
+    assert moved.action is WatchAction.ELECT and "drains" in moved.reason

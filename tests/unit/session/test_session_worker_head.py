@@ -10,11 +10,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import pytest
 from session_fakes import FakeCluster, FakeJob
+from test_head_election import _ray_running_head
 from test_session_successor import _running_head
 
-from dagster_slurm.session.errors import SessionError
 from dagster_slurm.session.worker_head import HOST_TIMEOUT, host_head_path, host_state_path
 from dagster_slurm.session.worker_removal import remove_worker_allocation
 from dagster_slurm.slurm.states import JobState
@@ -139,42 +138,44 @@ def test_a_worker_allocation_that_ends_while_asked_fails_at_once() -> None:
     assert cluster.clock.t - started < HOST_TIMEOUT
 
 
-def test_the_worker_allocation_hosting_the_head_is_not_removed() -> None:
-    session, cluster, head = _running_head()
-    _add_worker(cluster, session, "900", "g1")
-    _answer(cluster, session, {"900": "ready"})
-    cluster.end(head, JobState.CANCELLED)
-    session.replace_head(timeout=180)
-    with pytest.raises(SessionError, match="hosts the Ray head.*replace_head"):
-        remove_worker_allocation(session, "900")
-    assert cluster.signals == [] and cluster.jobs["900"].state is JobState.RUNNING
-
-
-def test_a_ready_file_of_an_earlier_term_does_not_count() -> None:
+def test_removing_the_worker_allocation_hosting_the_head_hands_the_head_over_first() -> None:
     session, cluster, head = _running_head()
     _add_worker(cluster, session, "900", "g1")
     _add_worker(cluster, session, "901", "g2")
-    cluster.files[session.paths.ready("900")] = "head=g1\nray_address=10.0.0.9:1\n"
-    cluster.files[host_state_path(session, "900")] = "ended term=0\n"
-    _answer(cluster, session, {"900": None, "901": "ready"})
-    cluster.end(head, JobState.CANCELLED)
-    allocation = session.replace_head(timeout=HOST_TIMEOUT + 60)
-    assert allocation.job_id == "901"  # 900 timed out, its old ready file was not taken
-    assert et.failures(cluster.read().doc, "900") == 1
-
-
-def test_a_new_head_allocation_leaves_the_worker_that_hosted_the_previous_head_running() -> None:
-    from dagster_slurm.state import transitions as tr
-
-    session, cluster, head = _running_head()
-    _add_worker(cluster, session, "900", "g1")
-    _answer(cluster, session, {"900": "ready"})
+    cluster.jobs["901"].time_left = 450.0  # 900 has the most time left: elected first
+    seen = _answer(cluster, session, {"900": "ready", "901": "ready"})
     cluster.end(head, JobState.CANCELLED)
     assert session.replace_head(timeout=180).job_id == "900"
-    drain = tr.request_drain(cluster.read().doc, job_id="900")  # the hosted head drains
-    assert isinstance(drain, tr.Change) and cluster.apply(drain).ok
+
+    def drained_when_idle(job: FakeJob, signal: str) -> None:
+        # the batch script drains; its nodes are idle, so it ends 10 s later
+        cluster.clock.at(cluster.clock.t + 10, lambda: cluster.end(job.job_id, JobState.COMPLETED))
+
+    cluster.on_signal = drained_when_idle
+    state = remove_worker_allocation(session, "900", drain_timeout=120)
+    assert state is JobState.COMPLETED
+    assert seen == ["900 term=1", "901 term=2"]  # the next head: the other worker allocation
+    (signalled, signal, doc_then), = cluster.signals
+    assert (signalled, signal) == ("900", "USR1")
+    # the drain deadline was in the document before the signal went out
+    assert doc_then["workers"]["900"]["drain_deadline"] is not None
+    doc = cluster.doc()
+    assert doc["allocation"]["job_id"] == "901" and doc["allocation"]["kind"] == et.WORKER_HEAD_KIND
+    assert doc["workers"]["900"]["released"]
+    assert "900" not in cluster.cancelled  # it drained; nothing cancelled it
+
+
+def test_a_head_hosted_by_a_worker_allocation_that_drains_itself_is_replaced() -> None:
+    session, cluster, head = _ray_running_head()  # the markers are read with Ray
+    _add_worker(cluster, session, "900", "g1")
+    seen = _answer(cluster, session, {"900": "ready"})
+    cluster.end(head, JobState.CANCELLED)
+    assert session.replace_head(timeout=180).job_id == "900"
+    assert session.replace_head(timeout=10).job_id == "900"  # healthy: kept
+    cluster.drained["900"] = "TERM"  # its step server recorded a drain (pre-walltime signal)
     cluster.on_submit = lambda job: cluster.clock.at(
         cluster.clock.t + 3, lambda: cluster.start(job.job_id, nodes=("c2",)))
     allocation = session.replace_head(timeout=180)
+    # no other host: a new allocation shaped like the first head; the drained one is not asked
     assert allocation.job_id not in (head, "900")
-    assert "900" not in cluster.cancelled and cluster.jobs["900"].state is JobState.RUNNING
+    assert seen == ["900 term=1"]

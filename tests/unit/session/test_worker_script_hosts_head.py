@@ -7,7 +7,9 @@ stub that records RAY_ADDRESS and names this job in ``ray_head``). Real Ray on r
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 from test_session_worker_script import JOB_ID, STUBS, Worker, _joined, wait_for, worker
@@ -114,5 +116,35 @@ def test_it_stops_hosting_once_the_head_moves_to_another_job_and_stays_a_worker(
                      "the hosted head to stop")
             wait_for(lambda: _joined(w, "8"), "the node to join head 8")
             assert w.file("ready") == "" and w.proc.poll() is None
+        finally:
+            listener.close()
+
+
+def test_a_drain_while_it_hosts_the_head_drains_the_step_server_and_keeps_the_head(tmp_path):
+    with worker(tmp_path) as w:
+        listener = _server(w)
+        # the step server stub records the drain signal it gets (the session's: TERM)
+        script = Path(w.paths.submit_dir("tok")) / "step_server.sh"
+        script.write_text(SERVER.replace(
+            "exec sleep 1000",
+            "trap 'echo TERM > \"$STUB_LOG_DIR/server_drained\"' TERM\n"
+            "while :; do sleep 0.1; done"))
+        try:
+            w.name_head("7")
+            wait_for(lambda: _joined(w, "7"), "the join of head 7")
+            _ask(w, "term=6\n")
+            wait_for(lambda: _joined(w, JOB_ID), "the node to join the hosted head")
+            deadline = int(time.time()) + 60
+            Path(w.paths.worker_drain(JOB_ID)).write_text(f"deadline={deadline}\n")
+            w.proc.send_signal(signal.SIGUSR1)
+            wait_for(lambda: (w.stubs / "server_drained").exists(),
+                     "the step server to get its drain signal")
+            assert w.file("host_head_state").startswith("draining term=6")
+            assert "draining its step server (TERM)" in w.log()
+            # the head stays up while the nodes drain (work may still finish there)
+            assert w.proc.poll() is None
+            (w.stubs / "idle").write_text("")
+            assert w.exit_code() == 0
+            assert w.state() == "released drained"
         finally:
             listener.close()
