@@ -5,7 +5,8 @@ A Ray run session's head runs on ``cpu``, one worker allocation on ``gpu`` joine
 head's job is scancelled mid-run; ``replace_head`` elects the worker allocation (the same
 Slurm job), which starts a head-only control plane and the step server on its first node;
 its own node follows the new head, so a Ray task that needs the worker's resource runs
-there, in a step of the new head's step server.
+there, in a step of the new head's step server. Removing that allocation then hands the head
+over to the second worker allocation before it drains.
 """
 
 import json
@@ -19,7 +20,7 @@ from compute_support import squeue_state, wait_until
 from worker_support import ray_nodes, ray_run_session, read_text
 
 from dagster_slurm import SlurmWorkerAllocationConfig
-from dagster_slurm.session.errors import SessionError
+from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state.election_transitions import WORKER_HEAD_KIND
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,7 +61,12 @@ def test_a_scancelled_head_is_replaced_by_the_worker_allocation(env, session):
     worker = session.add_worker_allocation(SlurmWorkerAllocationConfig(
         partition="gpu", num_nodes=1, cpus_per_task=2, gpus_per_node=1, mem="1500M",
         time_limit="00:10:00", ray_resources={"accelerator:fake": 1}))
+    # a second worker allocation with less time left: the next head after the first one
+    spare = session.add_worker_allocation(SlurmWorkerAllocationConfig(
+        partition="gpu", num_nodes=1, cpus_per_task=1, gpus_per_node=0, mem="1000M",
+        time_limit="00:08:00"))
     session.wait_for_worker_allocation(worker, timeout=240)
+    session.wait_for_worker_allocation(spare, timeout=240)
     head = session._allocation.job_id
     assert head != worker.job_id
 
@@ -93,7 +99,16 @@ def test_a_scancelled_head_is_replaced_by_the_worker_allocation(env, session):
     assert seen["driver"] == host and seen["head_cpus"] == [0]
     assert seen["node"] == ray_nodes(session, worker.job_id)[host][0]
 
-    # it hosts the head: removing it is refused, and it did not release itself
-    with pytest.raises(SessionError, match="hosts the Ray head"):
-        session.remove_worker_allocation(worker)
-    assert read_text(session.paths.worker_state(worker.job_id)).strip() == "joined"
+    # removing the allocation that hosts the head hands the head over first: the spare
+    # allocation hosts it (same Slurm job), the removed one drains and ends COMPLETED
+    state = session.remove_worker_allocation(worker, drain_timeout=60)
+    assert state is JobState.COMPLETED
+    doc = session.io.read().doc
+    assert doc.allocation.job_id == spare.job_id and doc.allocation.kind == WORKER_HEAD_KIND
+    assert doc.workers[worker.job_id].released
+    assert read_text(session.paths.drained(worker.job_id)).strip()  # its step server drained
+    assert squeue_state(env, spare.job_id) == "RUNNING"
+    assert f"job_id={spare.job_id}" in read_text(session.paths.ray_head)
+    spare_host = read_text(session.paths.nodes(spare.job_id)).split()[0]
+    result = session.execute_in_session(["hostname"], name="after-handover")
+    assert result.exit_code == 0 and spare_host in result.stdout_tail, result
