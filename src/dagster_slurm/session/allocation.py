@@ -31,6 +31,7 @@ from dagster_slurm.jobs.paths import InvocationPaths, safe_name
 from dagster_slurm.scheduler.client import SlurmScheduler, parse_exit_code
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.errors import (
+    RAY_STOPPED,
     REPLACED,
     SlurmAllocationEnded,
     SlurmStepExecutionResult,
@@ -301,14 +302,19 @@ class SlurmAllocation:
         an allocation that is no longer RUNNING raises :class:`SlurmAllocationEnded` with
         its state and the step's result. A failed step of an allocation that still runs but
         is no longer the session's head (another head was elected or promoted: its driver
-        lost its Ray head) raises it too, with ``allocation_state`` ``REPLACED``; the session
-        document is read in the same round trip. When squeue does not answer, the step's
-        own report stands (logged): a drain is never turned into an error on an unknown."""
+        lost its Ray head) raises it too, with ``allocation_state`` ``REPLACED``; so does a
+        failed step of a running allocation whose Ray head stopped (its step server's
+        ``ray_stopped`` marker), with ``RAY_STOPPED``. The session document and the marker
+        are read in the same round trip. When squeue does not answer, the step's own report
+        stands (logged): a drain is never turned into an error on an unknown."""
+        stopped_path = self.paths.ray_stopped(self.job_id)
         try:
             with self.scheduler.agent.batch() as batch:
                 status = batch.add(self.scheduler.status_op(
                     [self.job_name], [self.job_id], accounting=False, shared=True, fresh=True))
                 document = batch.add(read_op(self.paths.document))
+                marker = (batch.add(tail_op([TailRequest(stopped_path, 0, 4096)]))
+                          if self.ray_address else None)
             now = batch.response.now if batch.response else None
             snapshot = self.scheduler.snapshot(status.result(), now)
         except DagsterSlurmError as exc:
@@ -319,7 +325,9 @@ class SlurmAllocation:
         observed = snapshot.job(self.job_id)
         state = observed.state.value if observed.state is not None else snapshot.ended_state(self.job_id)
         if state == JobState.RUNNING.value and not result.drained and self._replaced(document):
-            state = "REPLACED"
+            state = REPLACED
+        elif state == JobState.RUNNING.value and not result.drained and _marked(marker):
+            state = RAY_STOPPED
         elif state is None or state == JobState.RUNNING.value:
             return
         raise SlurmAllocationEnded(
@@ -417,3 +425,15 @@ def parse_ready(text: str) -> dict[str, Any]:
         if sep:
             values[key.strip()] = value.strip()
     return values
+
+
+def _marked(marker: Any) -> bool:
+    """True when a batched tail of a marker file (None: not asked) found it with content;
+    False when it is missing, empty or could not be read."""
+    if marker is None:
+        return False
+    try:
+        chunk = marker.result().files[0]
+    except DagsterSlurmError:
+        return False
+    return chunk.exists and bool(chunk.data.strip())

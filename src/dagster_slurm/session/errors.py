@@ -10,6 +10,10 @@ from dagster_slurm.jobs.errors import JobOutcome, SlurmJobError
 
 #: ``allocation_state`` of a step whose allocation was replaced before the step started.
 REPLACED = "REPLACED"
+#: ``allocation_state`` of a step that failed while its allocation's job runs but the Ray
+#: head there stopped (its step server recorded that the GCS no longer answers): the head
+#: is replaced by the next election.
+RAY_STOPPED = "RAY_STOPPED"
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,8 @@ class SlurmStepExecutionResult:
     signal reached the step, or the step was not started because the allocation was
     draining. ``drain_signal``: that signal's name (``USR1``), None when not drained.
     ``allocation_state``: the allocation's scheduler state when it ended under the step
-    (``TIMEOUT``, ``CANCELLED``, ... or ``REPLACED``), None while it still runs.
+    (``TIMEOUT``, ``CANCELLED``, ... ``REPLACED`` or ``RAY_STOPPED``), None while it still
+    runs.
     """
 
     job_id: str
