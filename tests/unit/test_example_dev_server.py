@@ -103,6 +103,7 @@ def test_the_extra_the_example_installs_brings_the_webserver():
     assert any(re.match(r"dagster-webserver\b", req) for req in installed), installed
 
 
+@pytest.mark.slow  # 15-20 s on two cores: three Python processes start and load Dagster
 def test_dagster_dev_serves_the_example(tmp_path):
     home = tmp_path / "dagster_home"
     home.mkdir()
