@@ -1,8 +1,13 @@
-"""Assets that run through ComputeResource, locally or on Slurm, configured from env vars."""
+"""Assets that run through ComputeResource, locally or on Slurm, configured from env vars.
+
+Three launchers, one resource each: ``compute`` (Bash, the default launcher) for
+``shell_report`` and ``squares``, ``compute_ray`` (a RayLauncher) for ``ray_sum`` and
+``compute_spark`` (a SparkLauncher) for ``spark_sum``. The Ray and Spark assets are part of
+the project only where they can run; :data:`SKIPPED` says which were left out and why.
+"""
 
 
 import importlib.metadata
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,12 @@ from dagster_slurm import (
     SlurmResource,
     SlurmRunAllocationConfig,
 )
+from dagster_slurm_example.availability import Skipped, ray_missing, spark_missing
+
+try:
+    from dagster_slurm import SparkLauncher
+except ImportError:  # a dagster-slurm without Spark support: spark_sum is skipped
+    SparkLauncher = None
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
@@ -56,6 +67,31 @@ def ray_sum(context: dg.AssetExecutionContext, compute_ray: ComputeResource):
     ).get_results()
 
 
+#: The Spark asset's shape: one node, its Spark driver and executors inside the job.
+SPARK_NODES = 1
+SPARK_MEM = "2000M"
+
+
+@dg.asset(
+    description=(
+        "Runs a PySpark payload: Spark's local[*] master in local mode, a Spark cluster "
+        "started in the asset's own Slurm job otherwise (needs pyspark and Java)."
+    )
+)
+def spark_sum(context: dg.AssetExecutionContext, compute_spark: ComputeResource):
+    yield from compute_spark.run(
+        context=context,
+        payload_path=str(PAYLOADS / "spark_sum.py"),
+        extra_slurm_opts={"nodes": SPARK_NODES, "mem": SPARK_MEM},
+    ).get_results()
+
+
+def spark_launcher() -> Any:
+    """The Spark asset's launcher: small driver and executors that fit the dev cluster's
+    nodes. Only called where SparkLauncher exists."""
+    return SparkLauncher(driver_memory="512m", executor_memory="512m", executor_cores=1)
+
+
 def allocation_scope() -> str:
     """SLURM_ALLOCATION_SCOPE: 'asset' (default, one Slurm job per step) or 'run' (the Ray
     asset's steps share one allocation per Dagster run, with Ray started once in it)."""
@@ -75,8 +111,10 @@ def _slurm_settings() -> dict[str, Any]:
     )
     env_path = os.environ.get("DAGSTER_SLURM_ENV_PATH") or None
     packages = ["dagster-pipes"]
-    if RAY_AVAILABLE:
+    if RAY_MISSING is None:
         packages.append(f"ray[default]=={importlib.metadata.version('ray')}")
+    if SPARK_MISSING is None:
+        packages.append(f"pyspark=={importlib.metadata.version('pyspark')}")
     return {
         "slurm": SlurmResource.from_env(queue=queue),
         "pre_deployed_env_path": env_path,
@@ -85,18 +123,22 @@ def _slurm_settings() -> dict[str, Any]:
 
 
 def compute_resources() -> dict[str, ComputeResource]:
-    """'compute' for the Bash and Python assets, 'compute_ray' (a RayLauncher) for ray_sum.
+    """'compute' for the Bash and Python assets, 'compute_ray' (a RayLauncher) for ray_sum,
+    'compute_spark' (a SparkLauncher) for spark_sum where SparkLauncher exists.
 
     Local mode unless DAGSTER_SLURM_MODE=slurm (then the SLURM_EDGE_NODE_* variables).
-    SLURM_ALLOCATION_SCOPE=run puts 'compute_ray' in run scope; local mode runs every
-    payload as a subprocess whatever the scope.
+    SLURM_ALLOCATION_SCOPE=run puts 'compute_ray' in run scope, and only it: 'compute' and
+    'compute_spark' keep one Slurm job per step. Local mode runs every payload as a
+    subprocess whatever the scope.
     """
     scope = allocation_scope()
     ray = RayLauncher(include_dashboard=False)
+    spark = {} if SparkLauncher is None else {"default_launcher": spark_launcher()}
     if os.environ.get("DAGSTER_SLURM_MODE", "local") == "local":
         return {
             "compute": ComputeResource(mode="local"),
             "compute_ray": ComputeResource(mode="local", default_launcher=ray),
+            "compute_spark": ComputeResource(mode="local", **spark),
         }
     settings = _slurm_settings()
     if scope == "run":
@@ -110,11 +152,29 @@ def compute_resources() -> dict[str, ComputeResource]:
         )
     else:
         compute_ray = ComputeResource(mode="slurm", default_launcher=ray, **settings)
-    return {"compute": ComputeResource(mode="slurm", **settings), "compute_ray": compute_ray}
+    return {
+        "compute": ComputeResource(mode="slurm", **settings),
+        "compute_ray": compute_ray,
+        "compute_spark": ComputeResource(mode="slurm", **spark, **settings),
+    }
 
 
-#: The Ray asset is part of the project where ray is installed (pip install "dagster-slurm[ray]").
-RAY_AVAILABLE = importlib.util.find_spec("ray") is not None
-ASSETS = [shell_report, squares, *([ray_sum] if RAY_AVAILABLE else [])]
+#: Why the optional assets cannot run here (None: they can).
+RAY_MISSING = ray_missing()
+SPARK_MISSING = spark_missing(SparkLauncher)
 
-defs = dg.Definitions(assets=ASSETS, resources=compute_resources())
+#: The assets left out of the project on this machine, with the reason for each.
+SKIPPED = tuple(
+    Skipped(asset, reason)
+    for asset, reason in (("ray_sum", RAY_MISSING), ("spark_sum", SPARK_MISSING))
+    if reason is not None
+)
+ASSETS = [
+    shell_report,
+    squares,
+    *([ray_sum] if RAY_MISSING is None else []),
+    *([spark_sum] if SPARK_MISSING is None else []),
+]
+RESOURCES = compute_resources()
+
+defs = dg.Definitions(assets=ASSETS, resources=RESOURCES)

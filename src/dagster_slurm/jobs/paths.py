@@ -125,8 +125,10 @@ def job_name_for(run_id: str, step_key: str) -> str:
 
 
 def step_identity(context: Any) -> tuple[str, str]:
-    """``(run_id, step_key)`` of an asset, op or asset-check execution context."""
-    return context.run_id, context.get_step_execution_context().step.key
+    """``(run_id, step_key)`` of an asset, op or asset-check execution context (read from
+    its step context: ``context.run_id`` is deprecated on asset contexts)."""
+    step = context.get_step_execution_context()
+    return step.run_id, step.step.key
 
 
 def run_id_of(context: Any) -> str | None:

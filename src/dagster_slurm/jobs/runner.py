@@ -14,6 +14,10 @@ steps in order::
             raise
     return _outcome(job, handle, result, pipes)   # metadata, cleanup, or a typed error
 
+A payload its launcher knows does not open Pipes (a shell script, see
+:meth:`~dagster_slurm.launchers.base.ComputeLauncher.payload_opens_pipes`) runs the same way,
+without Dagster's warning that no Pipes message arrived (:mod:`dagster_slurm.pipes.quiet`).
+
 A runner overrides only what differs. :meth:`~PipesJobRunner._terminate` is the one place
 that reacts to an interrupt or a failure while waiting; it is not called when ``_wait``
 returns, nor for a failure in ``_prepare``, ``_start`` or ``_outcome`` (``_start`` cleans up
@@ -31,6 +35,7 @@ from dagster import PipesClientCompletedInvocation, open_pipes_session
 
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.pipes.quiet import pipes_warning_scope
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 
 
@@ -82,7 +87,11 @@ class PipesJobRunner(ABC, Generic[JobT, HandleT, ResultT]):
         """Run ``request`` for ``context``'s step through Dagster Pipes and return the
         completed invocation; raises the runner's typed error when the payload failed."""
         job = self._prepare(context, request)
-        with open_pipes_session(context, job.injector, job.reader, extras=dict(request.extras or {})) as pipes:
+        opens_pipes = request.launcher.payload_opens_pipes(request.payload_path)
+        with (
+            pipes_warning_scope(context.log, payload=request.payload_path, opens_pipes=opens_pipes),
+            open_pipes_session(context, job.injector, job.reader, extras=dict(request.extras or {})) as pipes,
+        ):
             handle = self._start(job, pipes)
             try:
                 result = self._wait(job, handle)

@@ -307,6 +307,16 @@ def payload_argv(payload_path: str, *, job_dir: str, python: str = "python") -> 
     return PayloadSpec(argv=argv)
 
 
+def is_shell_script(payload_path: str) -> bool:
+    """Whether :func:`payload_argv` runs ``payload_path`` as a shell script: an existing
+    local file whose name ends in ``.sh``, uploaded and run with ``bash``. A command such as
+    ``"bash /shared/x.sh"`` is not recognised (False): what it runs is not known here."""
+    if not isinstance(payload_path, str):
+        return False
+    suffix = os.path.splitext(payload_path)[1]
+    return SCRIPT_SUFFIXES.get(suffix) == "bash" and os.path.isfile(payload_path)
+
+
 class ComputeLauncher(ConfigurableResource, KnownFieldsOnly):
     """Base of the launchers: configuration in, job script text out.
 
@@ -316,6 +326,16 @@ class ComputeLauncher(ConfigurableResource, KnownFieldsOnly):
     """
 
     model_config = ConfigDict(extra="forbid")
+
+    def payload_opens_pipes(self, payload_path: str) -> bool:
+        """Whether the payload named by ``payload_path`` is expected to open Dagster Pipes.
+
+        False for a shell script (:func:`is_shell_script`): it talks to Dagster through its
+        output only, so a run in which no Pipes message arrived is normal for it and is not
+        warned about. True for everything else (Python scripts, commands), so that a payload
+        that should have opened Pipes and did not still gets Dagster's warning.
+        """
+        return not is_shell_script(payload_path)
 
     @abstractmethod
     def render(self, plan: ExecutionPlan) -> str:

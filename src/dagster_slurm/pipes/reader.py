@@ -258,6 +258,12 @@ class PipesTailMessageReader(PipesMessageReader):
             finally:
                 self._active = False
 
+    @property
+    def expected_writer_count(self) -> int:
+        """One writer: the payload's message writer (the same number Dagster assumes; stated
+        here so that reading it does not raise Dagster's preview warning on every step)."""
+        return 1
+
     def on_opened(self, opened_payload: PipesOpenedData) -> None:
         self.opened_payload = opened_payload
 
