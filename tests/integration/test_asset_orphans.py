@@ -179,6 +179,10 @@ def test_reconcile_cancels_jobs_of_dead_runs_and_keeps_a_live_ones(env, tmp_path
         assert reports[0].step_key == "sleeper"
         assert wait_until(lambda: dead_job not in _job_ids(env), 30)
         assert live_job in _job_ids(env), "the live run's job must be kept"
+        # the user's shared squeue answer may still list the cancelled job for status_max_age:
+        # wait until a tick no longer finds it, so the next report is the live run's alone
+        assert wait_until(lambda: reconcile_orphaned_slurm_runs(
+            instance, slurm, heartbeat_timeout=600, dry_run=True) == [], 30, interval=1.0)
         assert instance.get_run_by_id(live_run_id).status == dg.DagsterRunStatus.STARTED
         # The live run's step process is SIGKILLed: its heartbeat and the run's events age.
         live.send_signal(signal.SIGKILL)
