@@ -1,6 +1,8 @@
 """Heterogeneous jobs in squeue and sacct output: one record per job, under its own id."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dagster_slurm.slurm.accounting import parse_sacct
 from dagster_slurm.slurm.commands import SQUEUE_FORMAT
@@ -92,3 +94,30 @@ def test_sacct_component_lines_become_one_record_with_every_step():
 def test_ordinary_records_pass_unchanged():
     plain = parse_sacct(SACCT_HET.splitlines()[-1])
     assert fold_accounting_records(plain) == plain
+
+
+def test_a_poll_shows_a_heterogeneous_job_under_its_own_id():
+    from dagster_slurm.agent.results import JobStatusResult
+    from dagster_slurm.scheduler.client import SlurmScheduler
+
+    squeue = "\n".join([_squeue_line("41+0", "COMPLETED", "c1", "cpu"),
+                        _squeue_line("41+1", "COMPLETING", "g1", "gpu")])
+    raw = {"squeue": {"rc": 0, "stdout": squeue, "stderr": ""}, "absent_ids": []}
+    snapshot = SlurmScheduler(agent=None).snapshot(JobStatusResult.from_raw(raw), 0.0)
+    observed = snapshot.job("41")
+    assert observed.state is S.COMPLETING and not observed.terminal
+    assert snapshot.ended_state("41") is None
+
+
+# What never happens, whatever the components' states: a job reported ended while one of its
+# components is not, or reported COMPLETED while one of them ended otherwise.
+_STATES = st.lists(st.sampled_from(list(JobState)), min_size=1, max_size=4)
+
+
+@given(_STATES)
+def test_folding_never_ends_a_job_early_or_too_well(states):
+    folded = folded_state(states)
+    if folded.terminal:
+        assert all(state.terminal for state in states)
+    if folded is S.COMPLETED:
+        assert all(state is S.COMPLETED for state in states)
