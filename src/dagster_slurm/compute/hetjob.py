@@ -64,7 +64,7 @@ class HetJobComponent(Config, KnownFieldsOnly):
 
     def to_spec(self) -> HetComponentSpec:
         """This component as a validated :class:`HetComponentSpec`."""
-        if isinstance(self.gpus_per_node, int) and self.gpus_per_node < 0:
+        if self.gpus_per_node < 0:
             raise ConfigurationError("gpus_per_node", self.gpus_per_node, "must be 0 or more")
         return HetComponentSpec(
             partition=self.partition, num_nodes=self.nodes, cpus_per_task=self.cpus_per_task,
