@@ -36,6 +36,7 @@ REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.session.config.SlurmRunAllocationConfig",
     "dagster_slurm.session.worker_config.SlurmWorkerAllocationConfig",
     "dagster_slurm.session.resource.SlurmSessionResource",
+    "dagster_slurm.compute.hetjob.HetJobComponent",
 )
 
 #: Page (relative to ``docs_dir``) that receives the reference.

@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "SchedulerError": "dagster_slurm.errors",
     "ComputeResource": "dagster_slurm.compute.resource",
     "SlurmAllocationScope": "dagster_slurm.compute.resource",
+    "HetJobComponent": "dagster_slurm.compute.hetjob",
     "BashLauncher": "dagster_slurm.launchers.bash",
     "ComputeLauncher": "dagster_slurm.launchers.base",
     "SlurmJobError": "dagster_slurm.jobs.errors",
@@ -119,9 +120,11 @@ __all__ = [
     "wait_for_stable_ray_resources",
     "build_slurm_orphan_reconcile_sensor",
     "reconcile_orphaned_slurm_runs",
+    "HetJobComponent",
 ]
 
 if TYPE_CHECKING:
+    from dagster_slurm.compute.hetjob import HetJobComponent
     from dagster_slurm.compute.resource import (
         ComputeResource,
         SlurmAllocationScope,

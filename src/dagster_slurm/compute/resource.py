@@ -11,13 +11,19 @@ share the template :class:`~dagster_slurm.jobs.runner.PipesJobRunner`:
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
 from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
 from pydantic import Field, field_validator, model_validator
 
+from dagster_slurm.compute.hetjob import (
+    HetJobComponent,
+    check_components,
+    het_overrides,
+    local_component_env,
+)
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
@@ -243,6 +249,47 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
         # -- dispatch ------------------------------------------------------------------------
         return self._runner(session).run(context, request)
+
+    def run_hetjob(
+        self,
+        context: Any,
+        components: Sequence[HetJobComponent | Mapping[str, Any]],
+        payload_path: str,
+        launcher: ComputeLauncher | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        extras: Mapping[str, Any] | None = None,
+        defer_cleanup: bool = False,
+    ) -> PipesClientCompletedInvocation:
+        """Experimental: run ``payload_path`` as one Slurm heterogeneous job whose
+        ``components`` (two or more :class:`~dagster_slurm.compute.hetjob.HetJobComponent`,
+        or mappings of their fields) each get their own partition, nodes, CPUs, memory and
+        GPUs. The payload runs once, on the first node of component 0, and finds each
+        component's nodes in ``SLURM_JOB_NODELIST_HET_GROUP_<n>`` (``SLURM_HET_SIZE``
+        components); ``srun --het-group=<n>`` starts work on component ``n``. The other
+        arguments and the result are those of :meth:`run`. In local mode the payload runs
+        once here, the component variables naming ``localhost``. Not available with
+        ``allocation_scope='run'``. See docs/hetjobs.md.
+        """
+        launcher = launcher or self.default_launcher
+        if not isinstance(launcher, ComputeLauncher):
+            raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
+        env = validate_env(dict(extra_env or {}))
+        validate_extras(extras)
+        checked = check_components(components)
+        if not payload_path or not payload_path.strip():
+            raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        if self.allocation_scope is SlurmAllocationScope.RUN:
+            raise ConfigurationError(
+                "allocation_scope", self.allocation_scope.value,
+                "run_hetjob submits a heterogeneous job of its own, separate from the run's "
+                "allocation; use a ComputeResource with allocation_scope='asset' for it",
+            )
+        overrides = het_overrides(checked)
+        self._check_scope(context, launcher, overrides, None)
+        if self.mode == "local":
+            env = {**env, **local_component_env(checked)}
+        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
+        return self._runner(None).run(context, request)
 
     def _check_scope(self, context: Any, launcher: ComputeLauncher, overrides: Mapping[str, Any],
                      extra_slurm_opts: Mapping[str, Any] | None) -> RunSession | None:

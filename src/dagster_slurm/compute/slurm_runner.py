@@ -187,9 +187,11 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             # token in its comment and cancel it, so nothing is left behind.
             cancel_by_token(job.scheduler, spec.job_name, token, job.context.log)
             raise
+        others = "".join(f" + {c.num_nodes or 1} node(s) in {c.partition or 'the same partition'}"
+                         for c in spec.het_components)  # a heterogeneous job's later components
         job.context.log.info(
             f"Submitted Slurm job {submitted.job_id} ({spec.job_name}, partition "
-            f"{spec.partition or 'default'}, {spec.num_nodes or 1} node(s), time limit "
+            f"{spec.partition or 'default'}, {spec.num_nodes or 1} node(s){others}, time limit "
             f"{spec.time_limit}); files in {paths.job_dir}"
         )
         return submitted.job_id

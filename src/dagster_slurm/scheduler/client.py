@@ -54,6 +54,7 @@ from dagster_slurm.slurm import (
     squeue_argv,
     squeue_user_argv,
 )
+from dagster_slurm.slurm.het_records import fold_accounting_records, fold_queue_records
 from dagster_slurm.slurm.test_only import TEST_ONLY_ENV, TEST_ONLY_SCRIPT, unanswered
 from dagster_slurm.transport.base import CommandResult
 
@@ -353,6 +354,8 @@ class SlurmScheduler:
             if result.sacct.rc == 0:
                 acct = parse_sacct(result.sacct.stdout)
         records = {r.job_id: r for r in parse_squeue(result.squeue.stdout)} if result.squeue.rc == 0 else {}
+        # A heterogeneous job is followed by its own id, listed as one line per component.
+        records, acct = fold_queue_records(records), fold_accounting_records(acct)
         codes = {
             job_id: parse_exit_code(sf.data) for job_id, sf in result.status_files.items() if sf.exists
         }
@@ -380,7 +383,7 @@ class SlurmScheduler:
         """Records of an :meth:`accounting_op` result (counts the call; empty when sacct
         failed, for example without accounting)."""
         self.stats.count("sacct")
-        return parse_sacct(result.stdout) if result.rc == 0 else {}
+        return fold_accounting_records(parse_sacct(result.stdout)) if result.rc == 0 else {}
 
     # -- control ---------------------------------------------------------------------------
     def cancel(

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.directives import option_name, validate_extra_sbatch_directives
+from dagster_slurm.slurm.hetjob import HET_SEPARATOR, HetComponentSpec, het_component_argv
 from dagster_slurm.slurm.validation import (
     MAX_COMMENT_LENGTH,
     validate_count,
@@ -137,6 +138,9 @@ class SbatchSpec:
     extra_directives: tuple[str, ...] = ()
     """Further long-form options, checked by
     :func:`~dagster_slurm.slurm.directives.validate_extra_sbatch_directives`."""
+    het_components: tuple[HetComponentSpec, ...] = ()
+    """The later components of a heterogeneous job (see :mod:`dagster_slurm.slurm.hetjob`);
+    the fields above are then component 0 and the job's. Empty: an ordinary job."""
 
     def __post_init__(self) -> None:
         validate_job_name("job_name", self.job_name)
@@ -160,6 +164,11 @@ class SbatchSpec:
         for name in ("exclusive", "hold"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(name, getattr(self, name), "must be True or False")
+        for index, component in enumerate(self.het_components):
+            if not isinstance(component, HetComponentSpec):
+                raise ConfigurationError(
+                    f"het_components[{index}]", component, "must be a HetComponentSpec"
+                )
         self._normalise()
 
     def _normalise(self) -> None:
@@ -177,6 +186,7 @@ class SbatchSpec:
         object.__setattr__(self, "time_min", minimum)
         object.__setattr__(self, "signal", signal)
         object.__setattr__(self, "extra_directives", extra)
+        object.__setattr__(self, "het_components", tuple(self.het_components))
 
 
 def _validate_comment(field: str, value: object) -> str:
@@ -223,6 +233,9 @@ def sbatch_argv(
 ) -> list[str]:
     """``sbatch`` argv for ``spec``: options sorted by name, then the script path.
 
+    A heterogeneous job (``spec.het_components``) gets, after component 0's options, a
+    ``:`` and the options of each later component (:func:`~dagster_slurm.slurm.hetjob.het_component_argv`).
+
     Always adds ``--parsable`` (stdout is ``<job id>[;<cluster>]``, see
     :func:`~dagster_slurm.slurm.parsers.parse_sbatch_parsable`). With ``test_only`` adds
     ``--test-only``: Slurm then only estimates the start (on stderr, see
@@ -243,6 +256,8 @@ def sbatch_argv(
     for entry in spec.extra_directives:
         options[option_name(entry) or entry] = entry
     argv = ["sbatch", *(options[name] for name in sorted(options))]
+    for component in spec.het_components:
+        argv += [HET_SEPARATOR, *het_component_argv(component)]
     return argv if script_on_stdin else [*argv, spec.script_path]
 
 

@@ -18,6 +18,7 @@ from dagster_slurm.slurm.commands import (
     scontrol_update_timelimit_argv,
     squeue_argv,
 )
+from dagster_slurm.slurm.hetjob import HetComponentSpec
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -65,6 +66,23 @@ GOLDEN_SPECS: dict[str, tuple[SbatchSpec, bool]] = {
     ),
     "no_export": (
         SbatchSpec(job_name="dg-env", script_path="job.sh", export=None, time_limit="UNLIMITED"),
+        False,
+    ),
+    "hetjob": (
+        SbatchSpec(
+            job_name="dg-het",
+            script_path="/work/run/job.sh",
+            partition="cpu",
+            time_limit="10",
+            num_nodes=1,
+            mem="500M",
+            comment="tok-het",
+            het_components=(
+                HetComponentSpec(partition="gpu", num_nodes=1, cpus_per_task=2, mem="1G",
+                                 gpus_per_node=1),
+                HetComponentSpec(num_nodes=2),
+            ),
+        ),
         False,
     ),
 }
