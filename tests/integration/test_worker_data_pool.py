@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 #: test: the gpu allocation's log, which says when its node is draining in Ray), ``removed``
 #: (written by the test: the removal's final state).
 DATA_POOL_PAYLOAD = """
-import os, time, uuid
+import gc, os, time, uuid
 import ray
 from dagster_pipes import open_dagster_pipes
 
@@ -98,8 +98,13 @@ class Tag:
 def pool(ds, phase):
     out = ds.map_batches(Tag, fn_constructor_args=(phase,), concurrency=(1, 4), num_cpus=1,
                          batch_size=None, batch_format="pandas")
-    return [row for batch in out.iter_batches(batch_format="pandas")
+    rows = [{"id": int(row["id"]), "node": str(row["node"]), "read_node": str(row["read_node"]),
+             "after_removal": bool(row["after_removal"])}
+            for batch in out.iter_batches(batch_format="pandas")
             for row in batch.to_dict("records")]
+    del out
+    gc.collect()  # the pool's actors go with the last reference to them
+    return rows
 
 
 @ray.remote(resources={"accelerator:fake": 1}, num_cpus=0)
@@ -111,6 +116,10 @@ class Probe:
 with open_dagster_pipes() as pipes:
     ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    deadline = time.time() + 180
+    while time.time() < deadline and not any(
+            n["Alive"] and "dagster_slurm_worker" in n["Resources"] for n in ray.nodes()):
+        time.sleep(0.5)  # the first worker allocation joins after the head started
     (head,) = [n for n in ray.nodes() if n["Alive"] and "dagster_slurm_head" in n["Resources"]]
     source = ray.data.range(96, override_num_blocks=32).map_batches(read_node).materialize()
     first = pool(source, "first")
