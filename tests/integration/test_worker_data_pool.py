@@ -146,9 +146,9 @@ with open_dagster_pipes() as pipes:
         removed = handle.read().strip()
     pipes.report_asset_materialization(metadata={
         "head_node": head["NodeID"],
-        "head_resources": {k: v for k, v in head["Resources"].items()
-                           if not k.startswith("node:") and k != "memory"
-                           and k != "object_store_memory"},
+        "head_resources": sorted(f"{k}={v}" for k, v in head["Resources"].items()
+                                 if v and not k.startswith("node:")
+                                 and k not in ("memory", "object_store_memory")),
         "read_nodes": sorted({r["read_node"] for r in first + second}),
         "first_rows": sorted(r["id"] for r in first),
         "first_nodes": sorted({r["node"] for r in first}),
@@ -252,8 +252,7 @@ def test_a_data_pool_grows_onto_an_added_worker_allocation_and_survives_its_remo
     (gpu_node,) = seen["gpu_ids"]
     head = meta["head_node"]
     # the head's Ray node offers nothing to ask for; no task or actor that asked ran there
-    offered = {name: amount for name, amount in meta["head_resources"].items() if amount}
-    assert offered == {"dagster_slurm_head": 1.0}, meta["head_resources"]
+    assert meta["head_resources"] == ["dagster_slurm_head=1.0"], meta["head_resources"]
     assert head not in meta["read_nodes"] + meta["first_nodes"] + meta["second_nodes"]
     assert meta["probe_node"] != head
     # the first pool grew onto the added allocation's node; every row came through
