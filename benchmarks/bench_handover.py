@@ -20,7 +20,7 @@ the first step's launch) to what Ray itself takes.
 
 Needs the dev cluster (``eval "$(dagster-slurm dev-cluster env)"``) and a cluster-side
 environment with ray: ``--env-path`` (pre-deployed) or packed from ``dagster-pipes`` +
-``ray[default]==2.60.0`` (cached on the cluster).
+``ray[default,data]==2.60.0`` (cached on the cluster).
 """
 
 import argparse
@@ -38,7 +38,7 @@ from dagster_slurm import (
 )
 from dagster_slurm.slurm.states import JobState
 
-RAY_PACKAGES = ["dagster-pipes", "ray[default]==2.60.0"]
+RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 
 UNITS = """
 drained=""

@@ -15,7 +15,7 @@ all, then sums the resident memory of each node's ``ray start`` process tree (al
 of the dev cluster share one host, so the probe sees every node's processes).
 
 Needs the dev cluster (``eval "$(dagster-slurm dev-cluster env)"``); ``--env-path`` names a
-pre-deployed environment with ray[default] on the cluster, else ray[default]==2.60.0 and
+pre-deployed environment with ray[default] on the cluster, else ray[default,data]==2.60.0 and
 dagster-pipes are packed and deployed once (cached). Ray nodes are heavy: this starts one
 cluster at a time.
 """
@@ -183,7 +183,7 @@ def main() -> None:
         mode="slurm",
         slurm=SlurmResource.from_env(queue=queue),
         pre_deployed_env_path=args.env_path,
-        env_packages=None if args.env_path else ["dagster-pipes", "ray[default]==2.60.0"],
+        env_packages=None if args.env_path else ["dagster-pipes", "ray[default,data]==2.60.0"],
     )
     from dagster_slurm.compute.environment import activation_for
 

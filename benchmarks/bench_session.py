@@ -14,7 +14,7 @@ allocation's submission and startup spread over the N steps, and the teardown's 
 
 Needs the dev cluster (``eval "$(dagster-slurm dev-cluster env)"``) and a cluster-side
 environment with ray: ``--env-path`` (pre-deployed) or packed once from
-``dagster-pipes`` + ``ray[default]==2.60.0`` (cached on the cluster).
+``dagster-pipes`` + ``ray[default,data]==2.60.0`` (cached on the cluster).
 """
 
 import argparse
@@ -41,7 +41,7 @@ with open_dagster_pipes() as pipes:
     value = ray.get(ray.remote(lambda: 1).remote())
     pipes.report_asset_materialization(metadata={"value": value})
 """
-RAY_PACKAGES = ["dagster-pipes", "ray[default]==2.60.0"]
+RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 
 
 def _assets(n: int, payload: str) -> list[dg.AssetsDefinition]:

@@ -27,7 +27,7 @@ second worker job submitted while that head runs, seconds to a task on it return
 Needs the dev cluster (``eval "$(dagster-slurm dev-cluster env)"``) and a cluster-side
 environment with ray: ``--env-path`` (pre-deployed, default
 ``$DAGSTER_SLURM_TEST_RAY_ENV_PATH``) or packed from ``dagster-pipes`` +
-``ray[default]==2.60.0`` (cached on the cluster). Every job is cancelled by name at the end
+``ray[default,data]==2.60.0`` (cached on the cluster). Every job is cancelled by name at the end
 of each repetition, also on errors.
 """
 
@@ -59,7 +59,7 @@ from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.session.workers import WorkerAllocation
 
-RAY_PACKAGES = ["dagster-pipes", "ray[default]==2.60.0"]
+RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 LOG = logging.getLogger("bench_workers")
 #: Bound of every wait of one repetition (seconds).
 TIMEOUT = 300.0

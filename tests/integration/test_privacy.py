@@ -164,7 +164,7 @@ def test_ray_dashboard_on_the_nodes_address_and_password_off_job_command_lines(e
     if os.environ.get("DAGSTER_SLURM_TEST_RAY_ENV_PATH"):
         kwargs["pre_deployed_env_path"] = os.environ["DAGSTER_SLURM_TEST_RAY_ENV_PATH"]
     else:
-        kwargs["env_packages"] = ["dagster-pipes", "ray[default]==2.60.0"]
+        kwargs["env_packages"] = ["dagster-pipes", "ray[default,data]==2.60.0"]
     compute = ComputeResource(
         mode="slurm", slurm=slurm_resource(env, mem="2500M", cpus=2),
         default_launcher=RayLauncher(redis_password=password), **kwargs,

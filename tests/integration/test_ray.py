@@ -1,6 +1,6 @@
 """RayLauncher on the dev cluster: real Slurm allocations, real Ray 2.60 clusters.
 
-The cluster-side environment is packed from ``env_packages`` (ray[default] and
+The cluster-side environment is packed from ``env_packages`` (ray[default,data] and
 dagster-pipes); ``DAGSTER_SLURM_TEST_RAY_ENV_PATH`` points the tests at a pre-deployed
 environment instead (faster when iterating). Ray nodes are heavy (a head takes 0.7 GB,
 1.7 GB with the dashboard), so the tests run one cluster at a time except where two
@@ -33,7 +33,7 @@ from dagster_slurm.launchers.ray_ports import RayPortConfig, hash_block_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-RAY_PACKAGES = ["dagster-pipes", "ray[default]==2.60.0"]
+RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 
 CLUSTER_PAYLOAD = """
 import os, socket, time
