@@ -42,6 +42,10 @@ from dagster_slurm.state.election_transitions import (
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.transitions import HeadState, head_state
 
+ENDING_STATES: frozenset[JobState] = frozenset({JobState.COMPLETING, JobState.STAGE_OUT})
+"""States of a job that has ended and is being cleaned up: it never runs again, so a head
+in one of them is replaced without waiting for its last processes to be killed."""
+
 HANDOVER_LEAD = 300.0
 """Seconds before its walltime a head without a pre-walltime signal is drained; a worker
 allocation with no more time left than this is not elected (it would hand over at once)."""
@@ -165,6 +169,9 @@ def _head_verdict(doc: SessionDocument, view: SchedulerView,
                           f"{job_id}) is unknown", job_id=job_id, term=term)
     if job.state.terminal:
         return f"the head allocation (job {job_id}) ended {job.state.value}"
+    if job.state in ENDING_STATES:
+        # after its end (a cancel, the walltime): processes are still being killed
+        return f"the head allocation (job {job_id}) is ending ({job.state.value})"
     if state is HeadState.DRAINING:
         return f"the head allocation (job {job_id}) drains"
     if hosting_worker_drains(doc) or (record.kind == WORKER_HEAD_KIND and job.drained):

@@ -230,6 +230,12 @@ def test_a_healthy_head_is_kept_and_a_failed_one_replaced() -> None:
     unknown = SchedulerView({**jobs, "11": JobView(None)})
     assert choose_head(_typed(raw), unknown, NOW).kind is K.WAIT  # an unknown elects nothing
     assert choose_head(_typed(raw), SchedulerView(jobs, certain=False), NOW).kind is K.WAIT
+    # a cancelled head whose processes are still being killed is replaced at once
+    completing = choose_head(_typed(raw), SchedulerView({**jobs, "11": JobView(
+        JobState.COMPLETING, NOW + 9000)}), NOW)
+    assert completing.kind is K.WORKER and "ending (COMPLETING)" in completing.reason
+    pending = SchedulerView({**jobs, "11": JobView(JobState.PENDING, None)})
+    assert choose_head(_typed(raw), pending, NOW).kind is K.WAIT  # requeued: not an end
     raw["allocation"]["drain_requested_at"] = 2.0
     assert choose_head(_typed(raw), healthy, NOW).kind is K.WORKER  # a draining head hands over
 
