@@ -177,7 +177,7 @@ def wait_for_worker_allocation(session: RunSession, allocation: WorkerAllocation
     tracker = PendingTracker(job_id, session.pending, out.info)
     backoff = PollBackoff(initial=1.0, maximum=10.0, factor=1.5)
     deadline = None if timeout is None else session.clock() + timeout
-    said = ""
+    said, seen = "", ""
     while True:
         polled = session.io.poll_files(session.job_name, job_id, files, with_status=True)
         nodes = [line.strip() for line in (polled.texts[files[0]] or "").splitlines()
@@ -213,7 +213,10 @@ def wait_for_worker_allocation(session: RunSession, allocation: WorkerAllocation
             raise TimeoutError(f"the nodes of worker allocation {job_id} did not all join within "
                                f"{timeout:g} s (state {word or 'not written yet'}); it stays "
                                "queued or running: wait again, or remove it")
-        delay = backoff.observe(False)
+        # the job started, or its nodes moved on (written, joining): look again soon
+        progress = f"{said}|{word}|{len(nodes)}"
+        delay = backoff.observe(progress != seen)
+        seen = progress
         if deadline is not None:
             delay = min(delay, max(0.0, deadline - session.clock()))
         session._pause(delay, f"worker allocation {job_id}")
