@@ -149,6 +149,9 @@ def test_two_node_cluster_runs_tasks_on_both_workers(env, environment, tmp_path,
     assert metadata["shuffle_partitions"] == "4"
     out, err = capfd.readouterr()
     assert "all 2 Spark worker(s) registered" in err
+    # Each worker offers what Slurm granted on its node: 2 CPUs, 2500 MiB less the margin.
+    offers = re.findall(r"Registering worker (127\.0\.1\.\d):\d+ with (\d+) cores, ([\d.]+) MiB", err)
+    assert sorted(offers) == [("127.0.1.1", "2", "1875.0"), ("127.0.1.2", "2", "1875.0")]
     logs = run_logs(result)
     assert any(line.startswith("Spark master web UI: http://127.0.1.1:") for line in logs), logs
     assert any("ssh -L 8080:127.0.1.1:" in line for line in logs)
