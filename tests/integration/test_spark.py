@@ -119,7 +119,7 @@ def spark_processes(pattern: str) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def assert_cleaned_up(env: dict[str, str], job_id: str) -> None:
+def assert_cleaned_up(env: dict[str, str], job_id: str, err: str = "") -> None:
     deadline = time.monotonic() + 15
     patterns = (f"dagster_slurm.job={job_id}", "CoarseGrainedExecutorBackend")
     while time.monotonic() < deadline:
@@ -131,7 +131,8 @@ def assert_cleaned_up(env: dict[str, str], job_id: str) -> None:
         assert spark_processes(pattern) == [], pattern
     info = DevCluster().info()
     for node in NODES:  # each node has its own /tmp
-        assert not any(info.node_tmp(node.name).glob(f"dsspark-{job_id}-*")), node.name
+        left = sorted(path.name for path in info.node_tmp(node.name).glob(f"dsspark-{job_id}-*"))
+        assert left == [], (node.name, [line for line in err.splitlines() if "spark" in line][-40:])
 
 
 def test_two_node_cluster_runs_tasks_on_both_workers(env, environment, tmp_path, capfd):
@@ -155,4 +156,4 @@ def test_two_node_cluster_runs_tasks_on_both_workers(env, environment, tmp_path,
     logs = run_logs(result)
     assert any(line.startswith("Spark master web UI: http://127.0.1.1:") for line in logs), logs
     assert any("ssh -L 8080:127.0.1.1:" in line for line in logs)
-    assert_cleaned_up(env, job_id_of(result))
+    assert_cleaned_up(env, job_id_of(result), err)

@@ -205,13 +205,19 @@ __ds_spark_start_cluster() {
 }
 
 # Ask step $1 to stop: TERM to every process of the step (the JVMs run their shutdown
-# hooks; a worker ends its executors); without a known step, TERM to its srun.
+# hooks; a worker ends its executors, each step's shell removes its scratch directory);
+# without a known step, TERM to its srun, which ends the step at once. scancel's
+# complaints are only reported (22.05 reports "Invalid job id" for a step that ended
+# while it was being signalled): TERM to srun would end the step before its shells clean
+# up, and the grace period ends a step that keeps running anyway.
 __ds_spark_stop_step() {
-    local step
+    local step out
     step=$(__ds_spark_field "$1" step) || step=""
     case $step in
-        *.?*) scancel --quiet "--signal=TERM" "$step" > /dev/null 2>&1 \
-            || kill -TERM "${__ds_spark_pids[$1]}" 2>/dev/null ;;
+        *.?*)
+            out=$(scancel "--signal=TERM" "$step" 2>&1) \
+                || __ds_spark_log "scancel --signal=TERM $step: $out"
+            ;;
         *) kill -TERM "${__ds_spark_pids[$1]}" 2>/dev/null ;;
     esac
 }
