@@ -4,7 +4,7 @@
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DAGSTER_SLURM_EXTRAS=${DAGSTER_SLURM_EXTRAS:-dev,ray} bash scripts/bootstrap.sh
+DAGSTER_SLURM_EXTRAS=${DAGSTER_SLURM_EXTRAS:-dev,ray,spark} bash scripts/bootstrap.sh
 .venv/bin/dagster-slurm dev-cluster up
 .venv/bin/ruff check src tests benchmarks examples docs
 set +e

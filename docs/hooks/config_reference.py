@@ -33,6 +33,7 @@ REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.launchers.bash.BashLauncher",
     "dagster_slurm.launchers.ray.RayLauncher",
     "dagster_slurm.launchers.ray_ports.RayPortConfig",
+    "dagster_slurm.launchers.spark.SparkLauncher",
     "dagster_slurm.session.config.SlurmRunAllocationConfig",
     "dagster_slurm.session.worker_config.SlurmWorkerAllocationConfig",
     "dagster_slurm.session.resource.SlurmSessionResource",

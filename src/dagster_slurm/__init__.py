@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "SlurmSubmissionError": "dagster_slurm.jobs.errors",
     "RayLauncher": "dagster_slurm.launchers.ray",
     "RayPortConfig": "dagster_slurm.launchers.ray_ports",
+    "SparkLauncher": "dagster_slurm.launchers.spark",
     "SlurmRunAllocationConfig": "dagster_slurm.session.config",
     "SlurmWorkerAllocationConfig": "dagster_slurm.session.worker_config",
     "WorkerAllocation": "dagster_slurm.session.workers",
@@ -99,6 +100,7 @@ __all__ = [
     "SlurmNodeFailure",
     "SlurmQueueConfig",
     "SlurmResource",
+    "SparkLauncher",
     "SlurmRunAllocationConfig",
     "SlurmScheduler",
     "SlurmSessionResource",
@@ -156,6 +158,7 @@ if TYPE_CHECKING:
     from dagster_slurm.launchers.bash import BashLauncher
     from dagster_slurm.launchers.ray import RayLauncher
     from dagster_slurm.launchers.ray_ports import RayPortConfig
+    from dagster_slurm.launchers.spark import SparkLauncher
     from dagster_slurm.resources.slurm import SlurmResource
     from dagster_slurm.resources.ssh import SSHConnectionResource
     from dagster_slurm.scheduler.client import SlurmScheduler

@@ -30,6 +30,9 @@ REQUIRED_PACKAGES: dict[str, tuple[str, ...]] = {
     "iproute2": ("ss", "ip"),
     "procps": ("ps", "pgrep"),
     "util-linux": ("flock", "unshare", "nsenter", "setsid"),
+    # A Java runtime for SparkLauncher's master, workers and drivers (Spark 3.5 runs on
+    # Java 8, 11 and 17; 17 is Debian 12's). Any 'java' already on PATH counts.
+    "openjdk-17-jre-headless": ("java",),
 }
 
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")

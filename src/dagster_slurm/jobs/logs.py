@@ -2,8 +2,9 @@
 
 :class:`ProgressLog` sends progress lines to a Dagster logger (``context.log``) when one is
 given, else to Python ``logging``; :func:`notable_stdout_sink` copies a payload's stdout to
-this process's stdout and logs the launcher's notable lines (the Ray dashboard URL and the
-``ssh -L`` hint, defined once in :mod:`dagster_slurm.launchers.ray`); :func:`notable_lines`
+this process's stdout and logs the launcher's notable lines (the Ray dashboard URL, the Spark
+master's web UI and their ``ssh -L`` hints, defined once in :mod:`dagster_slurm.launchers.ray`
+and :mod:`dagster_slurm.launchers.spark`); :func:`notable_lines`
 picks the same lines out of a log text.
 """
 
@@ -15,11 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_slurm.launchers.ray import RAY_NOTABLE_PREFIXES
+from dagster_slurm.launchers.spark import SPARK_NOTABLE_PREFIXES
 
 log = logging.getLogger("dagster_slurm.session")
 
 #: Launcher output lines that also go to the Dagster log (not only to the compute logs).
-NOTABLE_PREFIXES: tuple[str, ...] = RAY_NOTABLE_PREFIXES
+NOTABLE_PREFIXES: tuple[str, ...] = RAY_NOTABLE_PREFIXES + SPARK_NOTABLE_PREFIXES
 
 
 class ProgressLog:

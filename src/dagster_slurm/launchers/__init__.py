@@ -22,6 +22,7 @@ from dagster_slurm.launchers.base import (
 from dagster_slurm.launchers.bash import BashLauncher, resolve_launcher
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.launchers.ray_ports import RayPortConfig
+from dagster_slurm.launchers.spark import SparkLauncher
 
 __all__ = [
     "CANCEL_SIGNALS",
@@ -34,6 +35,7 @@ __all__ = [
     "RayLauncher",
     "RayPortConfig",
     "PayloadSpec",
+    "SparkLauncher",
     "is_shell_script",
     "normalize_drain_signal",
     "payload_argv",

@@ -465,23 +465,9 @@ class RayLauncher(PublishedNames, ComputeLauncher):
 
     def port_functions(self) -> str:
         """The shell functions and settings that pick a node's port block (bash text)."""
-        config = self.port_config
-        offsets = [
-            str(FIRST_WORKER_OFFSET if name == "min_worker" else PORT_OFFSETS[name])
-            for name in SCRIPT_PORT_ORDER
-        ]
-        return render_template(
-            RAY_PORTS_TEMPLATE,
-            {
-                "strategy": self.port_strategy,
-                "range_start": str(config.range_start),
-                "range_end": str(config.range_end),
-                "block_size": str(config.block_size),
-                "lock_dir": config.lock_dir,
-                "ray_port": _optional(self.ray_port),
-                "dashboard_port": _optional(self.dashboard_port),
-                "offsets": offsets,
-            },
+        return port_block_functions(
+            self.port_strategy, self.port_config,
+            ray_port=self.ray_port, dashboard_port=self.dashboard_port,
         )
 
     def node_functions(self, mode: str) -> str:
@@ -507,3 +493,30 @@ class RayLauncher(PublishedNames, ComputeLauncher):
 
 def _optional(value: int | None) -> str:
     return "" if value is None else str(value)
+
+
+def port_block_functions(
+    strategy: str, config: RayPortConfig, *, ray_port: int | None = None,
+    dashboard_port: int | None = None,
+) -> str:
+    """The shell functions and settings of ``templates/ray_ports.sh`` that pick a port
+    block on a node (``__ds_ray_choose_block``), for Ray nodes and the other launchers
+    that take blocks from the same range and lock files. They log through
+    ``__ds_ray_node_log``, which the including script defines."""
+    offsets = [
+        str(FIRST_WORKER_OFFSET if name == "min_worker" else PORT_OFFSETS[name])
+        for name in SCRIPT_PORT_ORDER
+    ]
+    return render_template(
+        RAY_PORTS_TEMPLATE,
+        {
+            "strategy": strategy,
+            "range_start": str(config.range_start),
+            "range_end": str(config.range_end),
+            "block_size": str(config.block_size),
+            "lock_dir": config.lock_dir,
+            "ray_port": _optional(ray_port),
+            "dashboard_port": _optional(dashboard_port),
+            "offsets": offsets,
+        },
+    )
