@@ -63,7 +63,19 @@ class SubmissionInDoubt(AgentOpError):
 
 
 class SubmitGuardFailed(AgentOpError):
-    """A submission's guard did not hold under the lock: nothing was recorded or submitted."""
+    """A submission's guard did not hold under the lock: before sbatch (nothing was recorded
+    or submitted), or once sbatch had queued a job (``details["job_id"]``; the agent then
+    cancelled it, ``details["cancelled"]`` says whether scancel succeeded)."""
+
+    def outcome(self) -> str:
+        """What became of the submission, in words for an error message."""
+        job_id = self.details.get("job_id")
+        if not job_id:
+            return "nothing was submitted"
+        if self.details.get("cancelled"):
+            return f"the job sbatch had queued meanwhile ({job_id}) was cancelled"
+        return (f"the job sbatch had queued meanwhile ({job_id}) could not be cancelled: "
+                f"cancel it with 'scancel {job_id}'")
 
 
 class PatchRejected(AgentOpError):

@@ -155,10 +155,10 @@ def submit_successor(session: RunSession, config: SlurmRunAllocationConfig,
             record=st.SUCCESSOR, guards=st.successor_guards(predecessor))
     except SubmissionInDoubt:
         raise SessionError(_outstanding_now(session)) from None
-    except SubmitGuardFailed:
+    except SubmitGuardFailed as exc:
         raise SessionError(
-            f"nothing was submitted: while the successor was being submitted the session "
-            f"{session.job_name} was closed or its allocation {predecessor} was replaced"
+            f"while the successor was being submitted the session {session.job_name} was "
+            f"closed or its allocation {predecessor} was replaced: {exc.outcome()}"
         ) from None
     except SchedulerError as exc:
         raise SlurmSubmissionError(f"the successor allocation could not be submitted: {exc}") from None

@@ -126,9 +126,9 @@ def add_worker_allocation(session: RunSession, config: SlurmWorkerAllocationConf
     except SubmissionInDoubt:
         raise SessionError(f"the worker allocation's submission (token {token}) is in doubt; "
                            "session.worker_allocations lists it once it is settled") from None
-    except SubmitGuardFailed:
-        raise SessionError(f"nothing was submitted: the session {session.job_name} was closed "
-                           "while the worker allocation was being submitted") from None
+    except SubmitGuardFailed as exc:
+        raise SessionError(f"the session {session.job_name} was closed while the worker "
+                           f"allocation was being submitted: {exc.outcome()}") from None
     except SchedulerError as exc:
         raise SlurmSubmissionError(f"the worker allocation could not be submitted: {exc}") from None
     except BaseException:

@@ -22,6 +22,13 @@ the job id printed by ``sbatch``.
 * ``guards`` (``test``/``absent`` operations) are checked in the same locked transaction that
   writes the record: when one fails nothing is written, sbatch does not run, and the error
   ``SubmitGuardFailed`` carries the conflict and the document (e.g. the session was closed).
+  They are checked again in the transaction that records a submitted job: when one stopped
+  holding while sbatch ran (the session was closed meanwhile, and its teardown's cancel by
+  name may have run before the job existed), the record says ``cancelled`` with the job id,
+  ``on_submitted`` is not written, the job is cancelled (``scancel <job id>``) and
+  ``SubmitGuardFailed`` is raised with ``job_id`` and ``cancelled`` (whether scancel
+  succeeded). A guard that fails after this transaction is the guard owner's business: its
+  teardown then finds the job by name.
 
 Non-guarantees: if the agent dies between ``sbatch`` and the second write, the record stays
 ``submitting``. The job carries the token in its comment (``submit`` refuses an argv without
@@ -167,7 +174,7 @@ def op_submit(params: dict, ctx: OpContext) -> dict:
     if existing is not None:
         return existing
     outcome = _run_sbatch(argv, get_number(params, "timeout", 120.0))
-    return _record_outcome(state, ctx, tokens, value, outcome, on_submitted)
+    return _record_outcome(state, ctx, tokens, value, outcome, on_submitted, guards)
 
 
 def _record_intent(state: dict, ctx: OpContext, tokens: list, value: dict, record: str,
@@ -265,8 +272,18 @@ def _job_record_patch(on_submitted: dict, job_id: str, token: str, record: str) 
 
 
 def _record_outcome(
-    state: dict, ctx: OpContext, tokens: list, value: dict, out: dict, on_submitted: dict | None
+    state: dict, ctx: OpContext, tokens: list, value: dict, out: dict, on_submitted: dict | None,
+    guards: list = (),
 ) -> dict:
+    if out["status"] == "submitted" and guards:
+        try:
+            return _record_outcome(state, ctx, tokens, value, dict(out, guards=list(guards)),
+                                   on_submitted)
+        except OpError as exc:
+            conflict = exc.fields.get("conflict") or {}
+            if exc.type != "Conflict" or conflict.get("index", len(guards)) >= len(guards):
+                raise
+            return _cancel_unguarded(state, ctx, tokens, value, out, conflict)
     record = make_pointer(*tokens)
     fields = {"status": out["status"], "job_id": out["job_id"], "rc": out["rc"]}
     if out["status"] != "submitted":
@@ -286,21 +303,51 @@ def _record_outcome(
         "recovered": False,
         "recorded": False,
     }
+    checked = out.get("guards") or []
     try:
         written = locked_transaction(
             state,
             ctx,
-            lambda doc, now: patch + (extra(doc, now) if extra else []),
+            lambda doc, now: checked + patch + (extra(doc, now) if extra else []),
             f"submit {value['token']}",
         )
         result.update(recorded=True, doc=written["doc"], version=written["version"])
     except OpError as exc:
+        if checked and exc.type == "Conflict" and (
+                (exc.fields.get("conflict") or {}).get("index", len(checked)) < len(checked)):
+            raise  # a guard stopped holding: the caller cancels the job
         ctx.warnings.append(f"submission outcome not recorded ({exc.type}): {exc.message}")
     if out["status"] != "submitted":
         raise OpError(
             "SubmitFailed", f"{out['status']}: {(out.get('stderr') or '').strip()[-500:]}", **result
         )
     return result
+
+
+def _cancel_unguarded(state: dict, ctx: OpContext, tokens: list, value: dict, out: dict,
+                      conflict: dict) -> dict:
+    """sbatch queued ``out["job_id"]`` while a guard stopped holding: record it ``cancelled``
+    (without the job's own record), cancel it, raise ``SubmitGuardFailed``."""
+    job_id = out["job_id"]
+    record = make_pointer(*tokens)
+    patch = _parents(tokens) + [{"op": "setdefault", "path": record, "value": value}] + [
+        {"op": "add", "path": f"{record}/{k}", "value": v}
+        for k, v in (("status", "cancelled"), ("job_id", job_id), ("rc", out["rc"]),
+                     ("error", "a guard stopped holding while sbatch ran; the job was cancelled"))
+    ] + [{"op": "add", "path": record + "/finished_at", "value_now": 0}]
+    try:
+        locked_transaction(state, ctx, lambda _d, _n: patch, f"submit {value['token']}")
+    except OpError as exc:
+        ctx.warnings.append(f"cancelled submission not recorded ({exc.type}): {exc.message}")
+    cancel = _run_quietly(["scancel", str(job_id)], 60.0)
+    if cancel.get("rc") != 0:
+        ctx.warnings.append(f"scancel {job_id} failed: {(cancel.get('stderr') or '').strip()}")
+    raise OpError(
+        "SubmitGuardFailed",
+        f"job {job_id} was submitted while guard {conflict.get('op')} stopped holding; "
+        + ("it was cancelled" if cancel.get("rc") == 0 else "cancelling it failed"),
+        conflict=conflict, job_id=str(job_id), cancelled=cancel.get("rc") == 0,
+    )
 
 
 def _parents(tokens: list) -> list:
