@@ -359,6 +359,10 @@ def test_a_subclass_allocation_serves_the_promoted_successor(env):
                    "the successor to run")
         _scancel(env, first.job_id)
         wait_until(lambda: _ended(env, first.job_id), 30, "the first allocation to end")
+        # the user's shared squeue answer may list it as running for status_max_age more
+        wait_until(lambda: session.io.poll_ready(session.job_name, first.job_id,
+                                                 with_status=True).status.ended_state(
+            first.job_id), 30, "the shared squeue answer to show the first allocation ended")
         # another process of the run that needs the allocation now is told to promote
         other = build(RunSession)
         with pytest.raises(SessionError, match=rf"outstanding successor, job "
