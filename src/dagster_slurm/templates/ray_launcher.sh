@@ -115,23 +115,11 @@ __ds_ray_launch() {
     __ds_ray_ended[index]=""
 }
 
+@@include marker_field.sh
+
 # Field $3 of the last marker line with state $2 in node $1's log (status 1: none yet).
 __ds_ray_field() {
-    local line found="" word
-    local -a words
-    while IFS= read -r line; do
-        case $line in
-            "$__ds_ray_marker node=$1 state=$2 "*) found=$line ;;
-        esac
-    done < "${__ds_ray_logs[$1]}"
-    [ -n "$found" ] || return 1
-    read -r -a words <<< "$found"
-    for word in "${words[@]}"; do
-        case $word in
-            "$3="*) printf '%s\n' "${word#*=}" && return 0 ;;
-        esac
-    done
-    return 1
+    __ds_marker_value "${__ds_ray_logs[$1]}" "$__ds_ray_marker node=$1 state=$2 " "$3"
 }
 
 # Status 0 when Ray reported node $1 as started (for a worker: registered with the head).

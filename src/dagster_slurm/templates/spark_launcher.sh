@@ -107,23 +107,11 @@ __ds_spark_launch() {
     __ds_spark_ended[slot]=""
 }
 
+@@include marker_field.sh
+
 # Field $2 of the last marker line in step $1's log (status 1: none yet).
 __ds_spark_field() {
-    local line found="" word
-    local -a words
-    while IFS= read -r line; do
-        case $line in
-            "$__ds_spark_marker "* | *": $__ds_spark_marker "*) found=${line#*"$__ds_spark_marker "} ;;
-        esac
-    done < "${__ds_spark_logs[$1]}"
-    [ -n "$found" ] || return 1
-    read -r -a words <<< "$found"
-    for word in "${words[@]}"; do
-        case $word in
-            "$2="*) printf '%s\n' "${word#*=}" && return 0 ;;
-        esac
-    done
-    return 1
+    __ds_marker_value "${__ds_spark_logs[$1]}" "$__ds_spark_marker " "$2"
 }
 
 # How many lines of step $1's log contain $2.

@@ -829,15 +829,18 @@ __ds_ray_launch() {
     __ds_ray_ended[index]=""
 }
 
-# Field $3 of the last marker line with state $2 in node $1's log (status 1: none yet).
-__ds_ray_field() {
+# The value of key $3 in the last line of file $1 that starts with $2 (or holds ": $2", a
+# line a logger prefixed), as 'key=value' words after $2; status 1 when there is none yet.
+# Marker lines are how a node's own script reports its address, ports and state to the
+# job script that started it.
+__ds_marker_value() {
     local line found="" word
     local -a words
     while IFS= read -r line; do
         case $line in
-            "$__ds_ray_marker node=$1 state=$2 "*) found=$line ;;
+            "$2"* | *": $2"*) found=${line#*"$2"} ;;
         esac
-    done < "${__ds_ray_logs[$1]}"
+    done < "$1"
     [ -n "$found" ] || return 1
     read -r -a words <<< "$found"
     for word in "${words[@]}"; do
@@ -846,6 +849,11 @@ __ds_ray_field() {
         esac
     done
     return 1
+}
+
+# Field $3 of the last marker line with state $2 in node $1's log (status 1: none yet).
+__ds_ray_field() {
+    __ds_marker_value "${__ds_ray_logs[$1]}" "$__ds_ray_marker node=$1 state=$2 " "$3"
 }
 
 # Status 0 when Ray reported node $1 as started (for a worker: registered with the head).
