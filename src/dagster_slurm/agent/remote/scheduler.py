@@ -275,15 +275,6 @@ def _record_outcome(
     state: dict, ctx: OpContext, tokens: list, value: dict, out: dict, on_submitted: dict | None,
     guards: list = (),
 ) -> dict:
-    if out["status"] == "submitted" and guards:
-        try:
-            return _record_outcome(state, ctx, tokens, value, dict(out, guards=list(guards)),
-                                   on_submitted)
-        except OpError as exc:
-            conflict = exc.fields.get("conflict") or {}
-            if exc.type != "Conflict" or conflict.get("index", len(guards)) >= len(guards):
-                raise
-            return _cancel_unguarded(state, ctx, tokens, value, out, conflict)
     record = make_pointer(*tokens)
     fields = {"status": out["status"], "job_id": out["job_id"], "rc": out["rc"]}
     if out["status"] != "submitted":
@@ -303,7 +294,8 @@ def _record_outcome(
         "recovered": False,
         "recorded": False,
     }
-    checked = out.get("guards") or []
+    # the guards are checked again when a job was queued (see the module docstring)
+    checked = list(guards) if out["status"] == "submitted" else []
     try:
         written = locked_transaction(
             state,
@@ -313,9 +305,9 @@ def _record_outcome(
         )
         result.update(recorded=True, doc=written["doc"], version=written["version"])
     except OpError as exc:
-        if checked and exc.type == "Conflict" and (
-                (exc.fields.get("conflict") or {}).get("index", len(checked)) < len(checked)):
-            raise  # a guard stopped holding: the caller cancels the job
+        conflict = exc.fields.get("conflict") or {}
+        if checked and exc.type == "Conflict" and conflict.get("index", len(checked)) < len(checked):
+            return _cancel_unguarded(state, ctx, tokens, value, out, conflict)
         ctx.warnings.append(f"submission outcome not recorded ({exc.type}): {exc.message}")
     if out["status"] != "submitted":
         raise OpError(
