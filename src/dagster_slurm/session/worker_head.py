@@ -144,11 +144,3 @@ def _install(session: RunSession, job_id: str, term: int, owner: str,
     out.info(f"Worker allocation {job_id} hosts the head of {session.job_name} "
              f"(nodes {','.join(nodes) or '?'}, Ray at {allocation.ray_address})")
     return allocation
-
-
-def hosts_head(session: RunSession, job_id: str) -> bool:
-    """True when worker allocation ``job_id`` is the session's head record (it hosts the Ray
-    head since an election); one read of the document."""
-    doc = session.io.read().doc
-    head = doc.allocation if doc is not None else None
-    return head is not None and head.job_id is not None and str(head.job_id) == str(job_id)

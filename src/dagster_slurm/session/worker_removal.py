@@ -132,16 +132,16 @@ def remove_worker_allocation(session: RunSession, allocation: WorkerAllocation |
                                  "must be a finite number of seconds, 0 or more")
     job_id = str(getattr(allocation, "job_id", allocation))
     out = _SafeLog(logger)
-    record = _record(session, job_id)
+    doc, record = _record(session, job_id)
     if record.released:
         out.info(f"Worker allocation {job_id} was released from the session already"
                  + (f" ({record.final_state})" if record.final_state else ""))
         if not wait:
             return None
         return JobState.parse(record.final_state) if record.final_state else JobState.UNKNOWN
-    from dagster_slurm.session.worker_head import hosts_head
-
-    removal = _Removal(session, job_id, out, hand_over=hosts_head(session, job_id))
+    head = doc.allocation  # a worker allocation that hosts the head hands it over first
+    hosts = head is not None and head.job_id is not None and str(head.job_id) == job_id
+    removal = _Removal(session, job_id, out, hand_over=hosts)
     snapshot = removal.observe()
     observed = snapshot.job(job_id)
     deadline: float | None = None
@@ -162,14 +162,16 @@ def remove_worker_allocation(session: RunSession, allocation: WorkerAllocation |
     return removal.follow(deadline, snapshot, session._pause)
 
 
-def _record(session: RunSession, job_id: str) -> Worker:
+def _record(session: RunSession, job_id: str) -> tuple[SessionDocument, Worker]:
+    """The session document (one read) and worker allocation ``job_id``'s record in it."""
     doc = session.io.read().doc
     record = doc.workers.get(job_id) if doc is not None else None
     if record is None:
         raise SessionError(
             f"the run session {session.job_name} has no worker allocation with job id "
             f"{job_id!r}; session.worker_allocations lists the live ones")
-    return record
+    assert doc is not None
+    return doc, record
 
 
 class _Removal:
