@@ -10,7 +10,8 @@ attempt) and attaches to the second call's invocation: that payload started once
 custom message and the materialization reach Dagster once. Modes: ``running`` (the payload
 goes on only once the retry has attached), ``finished`` (the retry attaches after the
 payload has ended: its status file is there), ``drained`` (the retry requests a drain
-before it attaches: ``SlurmStepDrained`` with every custom message)."""
+before it attaches: ``SlurmStepDrained`` with every custom message; the payload gets the
+drain signal once, from Slurm, not a second copy from the step's script)."""
 
 import glob
 import json
@@ -66,7 +67,8 @@ with open_dagster_pipes() as pipes:
                     and time.monotonic() < deadline:
                 time.sleep(0.2)
         if drained:
-            pipes.report_custom_message({"drained_after": unit})
+            time.sleep(1.0)  # a second copy of the drain would come within milliseconds
+            pipes.report_custom_message({"drained_after": unit, "signals": len(drained)})
             break
         time.sleep(0.1)  # a unit's work; the order with the test is by the marks above
     else:
@@ -196,7 +198,7 @@ def test_a_killed_step_reattaches_to_its_payload(env, tmp_path, monkeypatch, mod
         if mode == "drained":
             assert _lines(f"{marks}/units") == ["0", "1", "2"]
             assert reported["units"] == [{"unit": 0}, {"unit": 1}, {"unit": 2},
-                                         {"drained_after": 2}]
+                                         {"drained_after": 2, "signals": 1}]
             assert reported["exit_code"] == 0 and reported["drain_signal"] == "TERM"
             assert metadata["drained"].value is True
         else:

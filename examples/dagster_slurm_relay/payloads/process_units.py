@@ -20,9 +20,9 @@ drained: list[int] = []
 
 def _on_drain(signum, frame):  # noqa: ANN001, ARG001 - a signal handler's signature
     drained.append(signum)
-    # The signal may arrive more than once (Slurm delivers it to every process of the step,
-    # srun forwards it, the job script forwards it): ignore the rest, so that a late copy
-    # cannot end the payload on its way out with the default action (terminate).
+    # The drain comes once, but a cancellation or the walltime may send the same signal
+    # later: ignore the rest, so that a late copy cannot end the payload on its way out
+    # with the default action (terminate).
     signal.signal(signum, signal.SIG_IGN)
 
 

@@ -156,12 +156,19 @@ class SparkStubRun:
             import json
 
             pid = json.loads(path.read_text())["pid"]
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            pids.append(pid)
+            if _running(pid):
+                pids.append(pid)
         return pids
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited: a zombie (exited, its parent has not
+    reaped it yet, as when the stub srun that started it was stopped first) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _write(path: Path, text: str) -> None:

@@ -168,3 +168,89 @@ def test_drain_right_after_launch_is_delivered_not_lost(job: JobFiles) -> None:
     assert process.returncode in (0, 128 + signal.SIGTERM), stderr
     assert job.status() == process.returncode
     assert job.drained() == "TERM"
+
+
+# Records each signal it gets; once it has one, it lingers so that a second copy would
+# still be recorded, then ends with 0.
+COUNTING_PAYLOAD = """\
+import os, signal, sys, time
+out = sys.argv[1]
+got = []
+def handler(signum, frame):
+    got.append(signum)
+    with open(os.path.join(out, "got"), "a") as f:
+        f.write(signal.Signals(signum).name[3:] + "\\n")
+signal.signal(signal.SIGTERM, handler)
+with open(os.path.join(out, "ready.tmp"), "w") as f:
+    f.write(str(os.getpgrp()))
+os.rename(os.path.join(out, "ready.tmp"), os.path.join(out, "ready"))
+deadline = time.monotonic() + 30
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)  # a forwarded copy comes within milliseconds of the first
+sys.exit(0 if got else 99)
+"""
+
+
+def _slurm_step_env(tmp_path: Path, proctrack: str) -> dict[str, str]:
+    """The environment of a Slurm job step whose scontrol reports ``proctrack``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\nprintf 'ProctrackType           = {proctrack}\\n'\n")
+    scontrol.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "3"}
+
+
+@pytest.mark.parametrize(
+    ("proctrack", "slurm_signals_payload"),
+    [("proctrack/linuxproc", True), ("proctrack/cgroup", True), ("proctrack/pgid", False)],
+)
+def test_a_step_signal_reaches_the_payload_once(
+    job: JobFiles, tmp_path: Path, proctrack: str, slurm_signals_payload: bool
+) -> None:
+    # Slurm signals every process of a step (linuxproc, cgroup): the payload's group gets
+    # the drain from Slurm and must not get a second copy from the script. With pgid only
+    # the script's group is signalled, and the script forwards.
+    path = job.job_dir / "payload.py"
+    path.write_text(COUNTING_PAYLOAD)
+    script = job.write(job.plan((PYTHON, str(path), str(job.job_dir)), mode="slurm"))
+    process = start_script(script, env=_slurm_step_env(tmp_path, proctrack))
+    try:
+        payload_group = int(wait_for_file(job.job_dir / "ready"))
+        os.kill(process.pid, signal.SIGTERM)
+        if slurm_signals_payload:
+            os.killpg(payload_group, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert (job.job_dir / "got").read_text() == "TERM\n", stderr
+    assert job.drained() == "TERM"
+    assert ("not forwarded" in stderr) is slurm_signals_payload, stderr
+
+
+def test_a_batch_script_forwards_even_where_slurm_tracks_descendants(
+    job: JobFiles, tmp_path: Path
+) -> None:
+    # The batch script has no SLURM_STEP_ID: 'scancel --batch' and a B: signal reach the
+    # script only, so it forwards.
+    path = job.job_dir / "payload.py"
+    path.write_text(COUNTING_PAYLOAD)
+    script = job.write(job.plan((PYTHON, str(path), str(job.job_dir)), mode="slurm"))
+    env = _slurm_step_env(tmp_path, "proctrack/linuxproc")
+    del env["SLURM_STEP_ID"]
+    process = start_script(script, env=env)
+    try:
+        wait_for_file(job.job_dir / "ready")
+        os.kill(process.pid, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, stderr
+    assert (job.job_dir / "got").read_text() == "TERM\n", stderr

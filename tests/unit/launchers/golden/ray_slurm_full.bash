@@ -8,6 +8,9 @@
 #     the payload's process group; a drain before the payload starts skips it (status 0);
 #   * TERM, INT and HUP are forwarded as well; before the payload starts they skip it
 #     (status 128+N);
+#   * each signal reaches the payload once: in a Slurm job step whose proctrack plugin
+#     tracks every descendant (cgroup, linuxproc), Slurm has sent it to the payload's
+#     process group itself, so it is not forwarded again;
 #   * 127: the activation script is missing, 126: it failed, 125: no job directory;
 #   * the payload's output is not redirected here;
 #   * with a heartbeat limit (asset scope), a watchdog in the background cancels this job
@@ -26,6 +29,7 @@ __ds_status_file=/scratch/dg/run-7f3a/step-2/status
 __ds_drain_file=/scratch/dg/run-7f3a/step-2/drained
 __ds_pid_file=''
 __ds_drain_signal=USR1
+__ds_mode=slurm
 __ds_activation=/scratch/envs/prod/bin/activate
 __ds_env=(
     WANDB_MODE=offline
@@ -46,6 +50,7 @@ __ds_interrupted=""
 __ds_finished=""
 __ds_rc=0
 __ds_watchdog_pid=""
+__ds_proctrack=""
 
 __ds_log() {
     printf 'dagster-slurm: %s\n' "$*" >&2
@@ -175,6 +180,28 @@ __ds_forward() {
     __ds_pending=""
 }
 
+# Whether Slurm has sent the signal just received to the payload as well. In a job step (not
+# the batch script) 'scancel --signal', srun's forwarding and the time limit signal every
+# process of the step when the proctrack plugin tracks descendants (cgroup, linuxproc): the
+# payload's own process group has it already, and a second copy could kill a payload that
+# handled the first and is on its way out. Asked of scontrol once, on the first signal;
+# when it does not answer, the signal is forwarded (a copy too many rather than none).
+__ds_slurm_signals_payload() {
+    [ "$__ds_mode" = slurm ] && [ -n "$__ds_payload_pid" ] || return 1
+    case ${SLURM_STEP_ID-} in '' | *[!0-9]*) return 1 ;; esac
+    if [ -z "$__ds_proctrack" ]; then
+        if command -v timeout >/dev/null 2>&1; then
+            __ds_proctrack=$(timeout 10 scontrol show config 2>/dev/null \
+                | sed -n 's/^ProctrackType *= *//p')
+        else
+            __ds_proctrack=$(scontrol show config 2>/dev/null | sed -n 's/^ProctrackType *= *//p')
+        fi
+        : "${__ds_proctrack:=unknown}"
+    fi
+    case $__ds_proctrack in proctrack/cgroup | proctrack/linuxproc) return 0 ;; esac
+    return 1
+}
+
 __ds_on_signal() {
     __ds_interrupted=1
     if [ "$1" = "$__ds_drain_signal" ]; then
@@ -187,6 +214,11 @@ __ds_on_signal() {
     else
         __ds_cancelled=$1
         __ds_log "signal $1 received"
+    fi
+    if __ds_slurm_signals_payload; then
+        __ds_log "signal $1 not forwarded: Slurm sent it to every process of step" \
+            "${SLURM_JOB_ID:-}.$SLURM_STEP_ID ($__ds_proctrack)"
+        return 0
     fi
     __ds_pending="$__ds_pending $1"
     __ds_forward
