@@ -1,0 +1,12 @@
+"""Settings for the whole test suite."""
+
+import signal
+
+# A pytest started in the background (``&``, some CI runners) ignores SIGINT. Dagster gives
+# SIGTERM the handler of SIGINT whenever it restores its interrupt handlers (after each
+# in-process ``materialize``), so from then on this process would ignore SIGTERM too, and
+# every job script a later test starts would inherit both as ignored: a shell cannot trap a
+# signal ignored when it started, so the tests that signal job scripts would hang. With
+# Python's own SIGINT handler in place, a run in the background behaves as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
