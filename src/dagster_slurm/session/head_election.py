@@ -64,6 +64,10 @@ log = logging.getLogger("dagster_slurm.session")
 #: Seconds between two promotion attempts while a draining head's steps still stop.
 PROMOTION_RETRY = 2.0
 
+#: The first words of a worker allocation's state file (``templates/ray_worker.sh``) that
+#: say it drains or has let go: it is not asked to host a head.
+WORKER_DRAIN_STATES = frozenset({"draining", "released"})
+
 
 class HeadElectionTimeout(SessionError, TimeoutError):
     """``replace_head(timeout=...)`` passed its timeout before a healthy head was there."""
@@ -80,23 +84,39 @@ def scheduler_view(session: RunSession) -> tuple[SessionDocument | None, Schedul
     Ray, the head's step server's ``ray_stopped`` marker says whether its Ray answers (the
     head's ``ray_alive`` is False once it is there, else not known); for a head hosted by a
     worker allocation, its step server's ``drained`` marker says that allocation drains
-    itself (both markers read in one round trip)."""
+    itself, and so does a worker allocation's own state (``draining``, ``released ...``: it
+    drains on its pre-walltime signal without the session asking). The markers and states
+    are read in one round trip."""
     read = session.io.read()
     snapshot = session.io.queue([session.job_name])
     alive: dict[str, bool] = {}
-    drained: frozenset[str] = frozenset()
-    head = read.doc.allocation if read.doc is not None else None
-    if session.has_ray and head is not None and head.job_id and head.status == "submitted":
-        job_id = str(head.job_id)
-        stopped, marker = session.paths.ray_stopped(job_id), session.paths.drained(job_id)
-        asked = [stopped, marker] if head.kind == et.WORKER_HEAD_KIND else [stopped]
-        texts = session.io.poll_files(session.job_name, job_id, asked, with_status=False).texts
-        if (texts.get(stopped) or "").strip():
-            alive[job_id] = False
-        if (texts.get(marker) or "").strip():
-            drained = frozenset({job_id})
+    drained: set[str] = set()
+    doc = read.doc
+    head = doc.allocation if doc is not None else None
+    head_id = str(head.job_id) if head is not None and head.job_id else None
+    asked: dict[str, tuple[str, str]] = {}  # path -> (job id, what it says)
+    if session.has_ray and doc is not None:
+        if head is not None and head_id is not None and head.status == "submitted":
+            asked[session.paths.ray_stopped(head_id)] = (head_id, "ray_stopped")
+            if head.kind == et.WORKER_HEAD_KIND:
+                asked[session.paths.drained(head_id)] = (head_id, "drained")
+        for job_id, worker in doc.workers.items():
+            if not worker.released:
+                asked[session.paths.worker_state(job_id)] = (job_id, "state")
+    if asked:
+        texts = session.io.poll_files(session.job_name, head_id or "", list(asked),
+                                      with_status=False).texts
+        for path, (job_id, kind) in asked.items():
+            text = (texts.get(path) or "").strip()
+            if kind == "ray_stopped" and text:
+                alive[job_id] = False
+            elif kind == "drained" and text:
+                drained.add(job_id)
+            elif kind == "state" and text.split(" ", 1)[0] in WORKER_DRAIN_STATES:
+                drained.add(job_id)
     view = SchedulerView.from_squeue(snapshot.queue, observed_at=snapshot.observed_at or read.now,
-                                     certain=snapshot.certain, ray_alive=alive, drained=drained)
+                                     certain=snapshot.certain, ray_alive=alive,
+                                     drained=frozenset(drained))
     return read.doc, view, read.now
 
 

@@ -58,8 +58,9 @@ class JobView:
     ``state`` is None when unknown; ``end_at`` the expected end (epoch seconds, login node
     clock; ``inf`` without a limit, None unknown); ``nodes`` its nodes in order (empty while
     pending or unknown); ``ray_alive`` whether a head's Ray answered (None: not checked);
-    ``drained`` True when the step server of a worker allocation that hosts the head recorded
-    a drain (the allocation drains itself, e.g. on its pre-walltime signal; False: not seen).
+    ``drained`` True when the allocation drains itself (e.g. on its pre-walltime signal):
+    the step server of a worker allocation that hosts the head recorded a drain, or a worker
+    allocation's own state says it drains or was released (False: not seen).
     """
 
     state: JobState | None
@@ -83,8 +84,8 @@ class SchedulerView:
                     ray_alive: Mapping[str, bool] | None = None,
                     drained: frozenset[str] = frozenset()) -> SchedulerView:
         """A view of squeue ``records`` read at ``observed_at`` (epoch seconds): the end is
-        the time left counted from then (else squeue's end time). ``drained``: job ids whose
-        step server recorded a drain."""
+        the time left counted from then (else squeue's end time). ``drained``: job ids of
+        the allocations that drain themselves (see :class:`JobView`)."""
         alive = ray_alive or {}
         jobs = {}
         for job_id, rec in records.items():
@@ -200,7 +201,7 @@ def hosting_worker_drains(doc: SessionDocument | None) -> bool:
 def eligible_workers(doc: SessionDocument, view: SchedulerView, now: float, *,
                      port_strategy: str = "random") -> list[str]:
     """Job ids of the worker allocations that may host the head, best first: running,
-    undrained, not released, not the current head's allocation, with a known first node,
+    undrained (neither by the session nor by itself), not released, not the current head's allocation, with a known first node,
     more than :data:`HANDOVER_LEAD` seconds left (or an unknown time left), fewer than
     :data:`FAILED_TWICE` failed head starts; ordered by failed starts, then most time left
     (unknown last), then job id. Empty with the port strategy ``fixed``."""
@@ -215,6 +216,8 @@ def eligible_workers(doc: SessionDocument, view: SchedulerView, now: float, *,
         if not _running(job) or failures(doc, job_id) >= FAILED_TWICE:
             continue
         assert job is not None
+        if job.drained:
+            continue
         if not (job.nodes or record.nodes):
             continue
         left = _time_left(job, now)

@@ -179,3 +179,17 @@ def test_a_head_hosted_by_a_worker_allocation_that_drains_itself_is_replaced() -
     # no other host: a new allocation shaped like the first head; the drained one is not asked
     assert allocation.job_id not in (head, "900")
     assert seen == ["900 term=1"]
+
+
+def test_a_worker_allocation_that_drains_itself_is_not_asked_to_host_the_head() -> None:
+    # Its pre-walltime signal made it drain (its state file says so) without the session
+    # asking: the document has no drain deadline for it, yet it must not be elected.
+    session, cluster, head = _ray_running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _add_worker(cluster, session, "901", "g2")
+    seen = _answer(cluster, session, {"900": "ready", "901": "ready"})
+    cluster.files[session.paths.worker_state("900")] = "draining\n"
+    cluster.end(head, JobState.CANCELLED)
+    allocation = session.replace_head(timeout=180)
+    assert allocation.job_id == "901"
+    assert seen == ["901 term=1"]

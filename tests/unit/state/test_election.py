@@ -95,6 +95,7 @@ def _job() -> st.SearchStrategy[JobView | None]:
                                 float("inf"), None]),
         nodes=st.sampled_from([("n1", "n2"), ()]),
         ray_alive=st.sampled_from([True, None, True, False]),
+        drained=st.sampled_from([False, False, False, True]),
     )
     return st.one_of(present, present, present, st.none())
 
@@ -168,7 +169,7 @@ def _check_worker_choice(doc: SessionDocument, view: SchedulerView, job_id: str 
     assert el.failures(doc, job_id) < el.FAILED_TWICE
     assert doc.allocation is None or doc.allocation.job_id != job_id  # not the failed head
     job = view.jobs[job_id]
-    assert job.state is JobState.RUNNING
+    assert job.state is JobState.RUNNING and not job.drained  # nor drains by itself
     assert node == (job.nodes or tuple(record.nodes))[0]
     # the most time left wins among the eligible ones with as few failed starts
     fewest = el.failures(doc, job_id)
@@ -176,6 +177,7 @@ def _check_worker_choice(doc: SessionDocument, view: SchedulerView, job_id: str 
         other_job = view.jobs.get(other)
         if (other == job_id or rec.released or rec.drain_deadline is not None
                 or other_job is None or other_job.state is not JobState.RUNNING
+                or other_job.drained
                 or not (other_job.nodes or rec.nodes)
                 or (doc.allocation is not None and doc.allocation.job_id == other)):
             continue
