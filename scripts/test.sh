@@ -1,18 +1,48 @@
 #!/usr/bin/env bash
 # The whole test suite: installs the project into ./.venv, installs and starts the dev
 # cluster (real Slurm, MariaDB + slurmdbd, sshd; needs root), then runs pytest.
-# Extra arguments go to pytest.
+#
+# Without arguments the unit tests (tests/unit: no cluster, mostly CPU) run in a second
+# pytest process beside the integration tests (tests/integration: mostly waiting on the one
+# dev cluster, one test at a time), at a lower CPU priority; the unit run's output follows
+# the integration run's, and the exit status is the first non-zero one. Extra arguments go
+# to a single pytest instead (e.g. a path, -k, --durations=20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DAGSTER_SLURM_EXTRAS=${DAGSTER_SLURM_EXTRAS:-dev,ray,spark} bash scripts/bootstrap.sh
 .venv/bin/dagster-slurm dev-cluster up
 .venv/bin/ruff check src tests benchmarks examples docs
+
+# pytest's exit status 5 means it collected nothing: a broken selection, never a pass.
+checked() {
+    if [ "$1" = 5 ]; then
+        echo "test.sh: pytest collected no tests${2:+ in $2}" >&2
+        return 1
+    fi
+    return "$1"
+}
+
 set +e
-.venv/bin/python -m pytest "$@"
-rc=$?
-set -e
-if [ "$rc" = 5 ]; then
-    echo "test.sh: pytest collected no tests" >&2
-    exit 1
+if [ "$#" -gt 0 ]; then
+    .venv/bin/python -m pytest "$@"
+    checked "$?"
+    exit
 fi
-exit "$rc"
+
+unit_log=$(mktemp "${TMPDIR:-/tmp}/dagster-slurm-unit.XXXXXX")
+trap 'rm -f -- "$unit_log"' EXIT
+nice -n 10 .venv/bin/python -m pytest tests/unit -p no:cacheprovider >"$unit_log" 2>&1 &
+unit_pid=$!
+.venv/bin/python -m pytest tests/integration
+integration_rc=$?
+wait "$unit_pid"
+unit_rc=$?
+echo
+echo "==================== unit tests (ran beside the integration tests) ===================="
+cat -- "$unit_log"
+checked "$integration_rc" tests/integration
+integration_rc=$?
+checked "$unit_rc" tests/unit
+unit_rc=$?
+[ "$integration_rc" = 0 ] || exit "$integration_rc"
+exit "$unit_rc"
