@@ -201,10 +201,11 @@ def hosting_worker_drains(doc: SessionDocument | None) -> bool:
 def eligible_workers(doc: SessionDocument, view: SchedulerView, now: float, *,
                      port_strategy: str = "random") -> list[str]:
     """Job ids of the worker allocations that may host the head, best first: running,
-    undrained (neither by the session nor by itself), not released, not the current head's allocation, with a known first node,
-    more than :data:`HANDOVER_LEAD` seconds left (or an unknown time left), fewer than
-    :data:`FAILED_TWICE` failed head starts; ordered by failed starts, then most time left
-    (unknown last), then job id. Empty with the port strategy ``fixed``."""
+    undrained (neither by the session nor by itself), not released, not the current head's
+    allocation, with a known first node, more than :data:`HANDOVER_LEAD` seconds left (or an
+    unknown time left), fewer than :data:`FAILED_TWICE` failed head starts; ordered by failed
+    starts, then most time left (unknown last), then job id. Empty with the port strategy
+    ``fixed``."""
     if port_strategy == "fixed":
         return []
     head = doc.allocation.job_id if doc.allocation is not None else None

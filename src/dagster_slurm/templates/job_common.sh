@@ -131,15 +131,13 @@ __ds_forward() {
 # handled the first and is on its way out. Asked of scontrol once, on the first signal;
 # when it does not answer, the signal is forwarded (a copy too many rather than none).
 __ds_slurm_signals_payload() {
+    local bounded=()
     [ "$__ds_mode" = slurm ] && [ -n "$__ds_payload_pid" ] || return 1
     case ${SLURM_STEP_ID-} in '' | *[!0-9]*) return 1 ;; esac
     if [ -z "$__ds_proctrack" ]; then
-        if command -v timeout >/dev/null 2>&1; then
-            __ds_proctrack=$(timeout 10 scontrol show config 2>/dev/null \
-                | sed -n 's/^ProctrackType *= *//p')
-        else
-            __ds_proctrack=$(scontrol show config 2>/dev/null | sed -n 's/^ProctrackType *= *//p')
-        fi
+        ! command -v timeout >/dev/null 2>&1 || bounded=(timeout 10)
+        __ds_proctrack=$(${bounded[@]+"${bounded[@]}"} scontrol show config 2>/dev/null \
+            | sed -n 's/^ProctrackType *= *//p')
         : "${__ds_proctrack:=unknown}"
     fi
     case $__ds_proctrack in proctrack/cgroup | proctrack/linuxproc) return 0 ;; esac
