@@ -36,7 +36,7 @@ from pathlib import Path
 
 from dagster_slurm import SlurmQueueConfig, SlurmResource, SlurmRunAllocationConfig
 from dagster_slurm.launchers.bash import BashLauncher
-from dagster_slurm.session.allocation import SlurmAllocation, StepHandle, last_lines
+from dagster_slurm.session.core.allocation import SlurmAllocation, StepHandle, last_lines
 from dagster_slurm.session.session import RunSession
 
 STRACE = "/usr/bin/strace"

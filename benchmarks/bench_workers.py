@@ -57,7 +57,7 @@ from dagster_slurm import (
 )
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.workers import WorkerAllocation
+from dagster_slurm.session.workers.submit import WorkerAllocation
 
 RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 LOG = logging.getLogger("bench_workers")

@@ -34,9 +34,9 @@ REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.launchers.ray.RayLauncher",
     "dagster_slurm.launchers.ray_ports.RayPortConfig",
     "dagster_slurm.launchers.spark.SparkLauncher",
-    "dagster_slurm.session.config.SlurmRunAllocationConfig",
-    "dagster_slurm.session.worker_config.SlurmWorkerAllocationConfig",
-    "dagster_slurm.session.resource.SlurmSessionResource",
+    "dagster_slurm.session.core.config.SlurmRunAllocationConfig",
+    "dagster_slurm.session.core.worker_config.SlurmWorkerAllocationConfig",
+    "dagster_slurm.session.frontend.resource.SlurmSessionResource",
     "dagster_slurm.compute.hetjob.HetJobComponent",
 )
 

@@ -45,27 +45,27 @@ _EXPORTS: dict[str, str] = {
     "RayLauncher": "dagster_slurm.launchers.ray",
     "RayPortConfig": "dagster_slurm.launchers.ray_ports",
     "SparkLauncher": "dagster_slurm.launchers.spark",
-    "SlurmRunAllocationConfig": "dagster_slurm.session.config",
-    "SlurmWorkerAllocationConfig": "dagster_slurm.session.worker_config",
-    "WorkerAllocation": "dagster_slurm.session.workers",
-    "WorkerIntent": "dagster_slurm.session.intents",
-    "ReconcileResult": "dagster_slurm.session.intents",
-    "SessionSnapshot": "dagster_slurm.session.snapshot",
-    "AllocationSnapshot": "dagster_slurm.session.snapshot",
-    "SbatchTestOnlyEstimator": "dagster_slurm.session.estimates",
-    "WorkerStartEstimate": "dagster_slurm.session.estimates",
-    "WorkerStartEstimator": "dagster_slurm.session.estimates",
+    "SlurmRunAllocationConfig": "dagster_slurm.session.core.config",
+    "SlurmWorkerAllocationConfig": "dagster_slurm.session.core.worker_config",
+    "WorkerAllocation": "dagster_slurm.session.workers.submit",
+    "WorkerIntent": "dagster_slurm.session.scaling.intents",
+    "ReconcileResult": "dagster_slurm.session.scaling.intents",
+    "SessionSnapshot": "dagster_slurm.session.scaling.snapshot",
+    "AllocationSnapshot": "dagster_slurm.session.scaling.snapshot",
+    "SbatchTestOnlyEstimator": "dagster_slurm.session.scaling.estimates",
+    "WorkerStartEstimate": "dagster_slurm.session.scaling.estimates",
+    "WorkerStartEstimator": "dagster_slurm.session.scaling.estimates",
     "run_with_ray_reserve_topup": "dagster_slurm.ray",
     "wait_for_stable_ray_resources": "dagster_slurm.ray",
-    "SlurmSessionResource": "dagster_slurm.session.resource",
+    "SlurmSessionResource": "dagster_slurm.session.frontend.resource",
     "RunSession": "dagster_slurm.session.session",
-    "SlurmAllocation": "dagster_slurm.session.allocation",
-    "SlurmStepExecutionResult": "dagster_slurm.session.errors",
-    "SlurmAllocationEnded": "dagster_slurm.session.errors",
-    "SlurmStepDrained": "dagster_slurm.session.errors",
-    "SlurmStepFailed": "dagster_slurm.session.errors",
-    "reconcile_orphaned_slurm_runs": "dagster_slurm.session.orphans",
-    "build_slurm_orphan_reconcile_sensor": "dagster_slurm.session.orphans",
+    "SlurmAllocation": "dagster_slurm.session.core.allocation",
+    "SlurmStepExecutionResult": "dagster_slurm.session.core.errors",
+    "SlurmAllocationEnded": "dagster_slurm.session.core.errors",
+    "SlurmStepDrained": "dagster_slurm.session.core.errors",
+    "SlurmStepFailed": "dagster_slurm.session.core.errors",
+    "reconcile_orphaned_slurm_runs": "dagster_slurm.session.orphans.search",
+    "build_slurm_orphan_reconcile_sensor": "dagster_slurm.session.orphans.search",
 }
 
 __all__ = [
@@ -163,22 +163,22 @@ if TYPE_CHECKING:
     from dagster_slurm.resources.ssh import SSHConnectionResource
     from dagster_slurm.scheduler.client import SlurmScheduler
     from dagster_slurm.scheduler.watcher import JobWatcher
-    from dagster_slurm.session.allocation import SlurmAllocation
-    from dagster_slurm.session.config import SlurmRunAllocationConfig
-    from dagster_slurm.session.errors import (
+    from dagster_slurm.session.core.allocation import SlurmAllocation
+    from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+    from dagster_slurm.session.core.errors import (
         SlurmAllocationEnded,
         SlurmStepDrained,
         SlurmStepExecutionResult,
         SlurmStepFailed,
     )
-    from dagster_slurm.session.orphans import (
+    from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
+    from dagster_slurm.session.frontend.resource import SlurmSessionResource
+    from dagster_slurm.session.orphans.search import (
         build_slurm_orphan_reconcile_sensor,
         reconcile_orphaned_slurm_runs,
     )
-    from dagster_slurm.session.resource import SlurmSessionResource
     from dagster_slurm.session.session import RunSession
-    from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
-    from dagster_slurm.session.workers import WorkerAllocation
+    from dagster_slurm.session.workers.submit import WorkerAllocation
     from dagster_slurm.slurm.queue import SlurmQueueConfig
     from dagster_slurm.slurm.states import JobState
 

@@ -32,7 +32,7 @@ from compute_support import (
 )
 
 from dagster_slurm.compute import slurm_runner
-from dagster_slurm.session import runner as session_runner
+from dagster_slurm.session.frontend import runner as session_runner
 from dagster_slurm.slurm.states import JobState
 
 pytestmark = pytest.mark.integration

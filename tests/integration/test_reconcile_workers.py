@@ -313,7 +313,7 @@ import json, os, sys, time
 sys.path.insert(0, os.environ["TEST_HERE"])
 from test_reconcile_workers import GPU, new_session
 from dagster_slurm import WorkerIntent
-from dagster_slurm.session import reconcile_plan
+from dagster_slurm.session.scaling import plan as reconcile_plan
 
 reconcile_plan.DRAIN_GRACE = 3.0  # the cancel follows the deadline by 3 s here
 session = new_session(dict(os.environ), os.environ["RUN_ID"])

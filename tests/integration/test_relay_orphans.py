@@ -11,8 +11,8 @@ What is shown, with real Slurm and real Dagster runs:
 * The heartbeat file's content keeps changing while an asset waits for a PENDING
   successor (it needs the nodes its predecessor holds), and no heartbeat thread is left
   after the run's teardown, nor after a teardown that keeps the allocation.
-* A session subclass's allocation subclass (``_make_allocation``) serves the promoted
-  successor's steps, and its ``_clone_allocation_config`` carries a directive over to the
+* A session subclass's allocation subclass (``make_allocation``) serves the promoted
+  successor's steps, and its ``clone_allocation_config`` carries a directive over to the
   successor; a session that finds its allocation ended while the successor runs refuses to
   submit a new one and names the successor.
 """
@@ -37,9 +37,9 @@ from session_support import session_compute
 
 from dagster_slurm import ComputeResource, SlurmRunAllocationConfig, reconcile_orphaned_slurm_runs
 from dagster_slurm.launchers.bash import BashLauncher
-from dagster_slurm.session.allocation import SlurmAllocation
-from dagster_slurm.session.errors import SessionError
-from dagster_slurm.session.orphan_runs import quiet_for
+from dagster_slurm.session.core.allocation import SlurmAllocation
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.orphans.runs import quiet_for
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.states import JobState
 
@@ -315,9 +315,9 @@ class SiteSession(RunSession):
 
     site = "hpc-a"
 
-    def _make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
+    def make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
                          config: Mapping[str, Any] | None = None) -> SlurmAllocation:
-        base = super()._make_allocation(job_id, nodes, values, config)
+        base = super().make_allocation(job_id, nodes, values, config)
         allocation = SiteAllocation(
             base.scheduler, base.paths, base.job_name, base.job_id, nodes=base.nodes,
             head=base.head, ray_address=base.ray_address, drain_signal=base.drain_signal,
@@ -325,9 +325,9 @@ class SiteSession(RunSession):
         allocation.site = self.site
         return allocation
 
-    def _clone_allocation_config(self, current: Mapping[str, Any],
+    def clone_allocation_config(self, current: Mapping[str, Any],
                                  given: SlurmRunAllocationConfig) -> SlurmRunAllocationConfig:
-        merged = super()._clone_allocation_config(current, given)
+        merged = super().clone_allocation_config(current, given)
         nice = [d for d in current.get("extra_sbatch_directives", []) if d.startswith("--nice")]
         return merged.model_copy(
             update={"extra_sbatch_directives": [*merged.extra_sbatch_directives, *nice]})

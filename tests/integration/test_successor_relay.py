@@ -21,7 +21,7 @@ from compute_support import slurm_resource, squeue_state, wait_until
 from dagster_slurm import SlurmAllocationEnded, SlurmRunAllocationConfig
 from dagster_slurm.agent import write_file_op
 from dagster_slurm.launchers.bash import BashLauncher
-from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.core.errors import SessionError
 from dagster_slurm.session.session import RunSession
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ import pytest
 from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import RayLauncher, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
-from dagster_slurm.session.estimates import SbatchTestOnlyEstimator
+from dagster_slurm.session.scaling.estimates import SbatchTestOnlyEstimator
 from dagster_slurm.session.session import RunSession
 
 pytestmark = pytest.mark.integration

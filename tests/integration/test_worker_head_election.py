@@ -27,7 +27,7 @@ from worker_support import ray_nodes, ray_run_session, read_text
 
 from dagster_slurm import SlurmWorkerAllocationConfig
 from dagster_slurm.agent import write_file_op
-from dagster_slurm.session.errors import SlurmAllocationEnded
+from dagster_slurm.session.core.errors import SlurmAllocationEnded
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state.election_transitions import WORKER_HEAD_KIND
 

@@ -23,7 +23,7 @@ from compute_support import wait_until
 from session_support import session_compute
 
 from dagster_slurm import ComputeResource
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.slurm.states import JobState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

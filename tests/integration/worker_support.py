@@ -12,7 +12,7 @@ from session_support import session_compute
 from dagster_slurm import RayLauncher, SlurmRunAllocationConfig
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.workers import parse_ray_nodes
+from dagster_slurm.session.workers.submit import parse_ray_nodes
 
 
 def read_text(path: str) -> str:

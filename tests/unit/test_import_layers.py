@@ -27,7 +27,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2] / "src"
 
 #: The layers, lowest first; the one table of the contract (drawn in docs/design.md).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "backoff"),
+    ("errors", "backoff", "protocol"),
     ("config_errors",),
     ("slurm", "transport"),
     ("agent",),

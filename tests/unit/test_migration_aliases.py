@@ -25,8 +25,8 @@ from dagster_slurm import (
     build_slurm_orphan_reconcile_sensor,
 )
 from dagster_slurm.config_errors import UnknownFieldError
-from dagster_slurm.session.allocation import SlurmAllocation
-from dagster_slurm.session.resource import FLAT_ALLOCATION_FIELDS
+from dagster_slurm.session.core.allocation import SlurmAllocation
+from dagster_slurm.session.frontend.resource import FLAT_ALLOCATION_FIELDS
 
 
 def _ssh(**kwargs: Any) -> SSHConnectionResource:

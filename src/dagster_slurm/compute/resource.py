@@ -4,7 +4,7 @@ Configuration, validation and dispatch only; the work is done by one of the runn
 share the template :class:`~dagster_slurm.jobs.runner.PipesJobRunner`:
 :class:`~dagster_slurm.compute.local_runner.LocalRunner`,
 :class:`~dagster_slurm.compute.slurm_runner.SlurmRunner` (asset scope) and
-:class:`~dagster_slurm.session.runner.SessionRunner` (run scope). Every argument of
+:class:`~dagster_slurm.session.frontend.runner.SessionRunner` (run scope). Every argument of
 :meth:`ComputeResource.run` is checked before anything is submitted or started.
 """
 
@@ -35,8 +35,8 @@ from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.session.config import SlurmRunAllocationConfig, check_heartbeat_timeout
-from dagster_slurm.session.run_layout import RunLayout
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig, check_heartbeat_timeout
+from dagster_slurm.session.head.layout import RunLayout
 from dagster_slurm.session.session import RunSession
 
 
@@ -55,8 +55,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     """
 
     #: The :class:`RunSession` (sub)class of run-scoped sessions: a resource subclass sets
-    #: it to use site-specific extension points (``_make_allocation``,
-    #: ``_clone_allocation_config``). A class attribute, not configuration.
+    #: it to use site-specific extension points (``make_allocation``,
+    #: ``clone_allocation_config``). A class attribute, not configuration.
     session_class: ClassVar[type[RunSession]] = RunSession
 
     mode: Literal["local", "slurm"] = Field(
@@ -204,7 +204,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         raises :class:`ConfigurationError` naming the field that does not fit."""
         if self.ray_head_allocation is None:
             return None
-        from dagster_slurm.session.run_layout import separate_head_layout
+        from dagster_slurm.session.head.layout import separate_head_layout
 
         return separate_head_layout(
             self.ray_head_allocation, self.run_allocation,
@@ -299,7 +299,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         (created, not started), else None."""
         run_scope = self.allocation_scope is SlurmAllocationScope.RUN
         if self.mode == "slurm" and run_scope:
-            from dagster_slurm.session.runner import check_step
+            from dagster_slurm.session.frontend.runner import check_step
 
             session = self.get_run_allocation_session(context, start=False)
             check_step(session, launcher, overrides, extra_slurm_opts)
@@ -311,7 +311,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         queue = self.slurm.queue if self.slurm is not None else SlurmQueueConfig()
         queue.to_sbatch_spec("local-check", "/dev/null", **overrides)
         if run_scope:
-            from dagster_slurm.session.config import check_shape
+            from dagster_slurm.session.core.config import check_shape
 
             check_shape(self.run_allocation or SlurmRunAllocationConfig(), queue, overrides,
                         extra_slurm_opts)
@@ -326,7 +326,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                                poll_interval=min(self.pipes_poll_interval, LocalRunner.POLL_INTERVAL),
                                run_status_interval=self.run_status_interval)
         if session is not None:
-            from dagster_slurm.session.runner import SessionRunner
+            from dagster_slurm.session.frontend.runner import SessionRunner
 
             return SessionRunner(session, poll_interval=self.pipes_poll_interval)
         from dagster_slurm.compute.slurm_runner import SlurmRunner
@@ -344,7 +344,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
         """The run's allocation session in this process (slurm mode, ``allocation_scope='run'``).
 
-        ``session.allocation`` is the current :class:`~dagster_slurm.session.allocation.SlurmAllocation`
+        ``session.allocation`` is the current :class:`~dagster_slurm.session.core.allocation.SlurmAllocation`
         (submitted, or attached to, on first access); ``session.execute_in_session(...)``
         runs a command as a step without Pipes. With ``start`` the allocation is made ready
         now. Raises :class:`~dagster_slurm.errors.ConfigurationError` in another mode or scope.
@@ -354,7 +354,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 "allocation_scope", self.allocation_scope.value,
                 "a run allocation session exists only with mode='slurm' and allocation_scope='run'",
             )
-        from dagster_slurm.session.lifecycle import run_session_for
+        from dagster_slurm.session.frontend.lifecycle import run_session_for
 
         layout = self._run_layout()
         # with a separate head the session's allocation is the head; run_allocation is
@@ -404,7 +404,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         if self.mode == "slurm" and self.slurm is not None:
             try:
                 if self.allocation_scope is SlurmAllocationScope.RUN:
-                    from dagster_slurm.session.lifecycle import close_run_sessions
+                    from dagster_slurm.session.frontend.lifecycle import close_run_sessions
 
                     close_run_sessions(context)
             finally:

@@ -32,17 +32,18 @@ class ProgressLog:
     def __init__(self, logger: Any = None) -> None:
         self.logger = logger
 
-    def _emit(self, level: str, message: str) -> None:
+    def emit(self, level: str, message: str) -> None:
+        """Send ``message`` at ``level`` (``info``, ``warning`` or ``error``)."""
         getattr(self.logger if self.logger is not None else log, level)(message)
 
     def info(self, message: str) -> None:
-        self._emit("info", message)
+        self.emit("info", message)
 
     def warning(self, message: str) -> None:
-        self._emit("warning", message)
+        self.emit("warning", message)
 
     def error(self, message: str) -> None:
-        self._emit("error", message)
+        self.emit("error", message)
 
 
 def is_notable(line: str) -> bool:

@@ -70,6 +70,7 @@ def new_owner_id(host: str | None = None, pid: int | None = None) -> str:
 
 
 def lease_pointer(name: str) -> str:
+    """The JSON pointer of lease ``name`` in the session document."""
     return make_pointer("leases", name)
 
 
@@ -120,6 +121,13 @@ def release_patch(name: str, owner: str) -> list[dict[str, Any]]:
         {"op": "test", "path": pointer + "/owner", "value": owner},
         {"op": "remove", "path": pointer},
     ]
+
+
+def fence_patch(name: str, owner: str) -> list[dict[str, Any]]:
+    """The guard of a write made under the lease: it applies only while ``owner`` still
+    holds it (a holder that stalled past its lease, the lease taken over meanwhile, writes
+    nothing)."""
+    return [{"op": "test", "path": lease_pointer(name) + "/owner", "value": owner}]
 
 
 def current_holder(doc: Mapping[str, Any] | None, name: str, now: float) -> Lease | None:

@@ -322,7 +322,7 @@ def test_a_failing_sacct_is_not_final_and_its_message_is_kept(tmp_path, scripted
 def test_step_metrics_wait_for_the_step_line_and_never_report_running(
     tmp_path, scripted_sacct, caplog
 ) -> None:
-    from dagster_slurm.session.runner import STEP_ID_FILE, _step_metrics
+    from dagster_slurm.session.frontend.runner import STEP_ID_FILE, _step_metrics
 
     transport = LocalTransport(default_timeout=60)
     scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 
-from dagster_slurm.session.run_layout import RunLayout
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.head.layout import RunLayout
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from dagster_slurm.launchers.script import (
     load_template,
     read_template_source,
 )
-from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.session.session import render_server
-from dagster_slurm.session.standby import render_standby
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.step_server import render_server
+from dagster_slurm.session.head.standby import render_standby
 
 CLOCK = "heartbeat_clock.sh"
 #: The scripts with a dead-man's switch; each must get its clock from the included template.

@@ -1,6 +1,6 @@
 """An in-memory cluster for unit tests of the run-session protocol.
 
-:class:`FakeCluster` implements :class:`~dagster_slurm.session.io.SessionIO` with a
+:class:`FakeCluster` implements :class:`~dagster_slurm.session.core.io.SessionIO` with a
 :class:`~dagster_slurm.state.store.MemoryStateStore` (the same patch code as the agent), a
 scripted queue and a fake clock whose ``sleep`` only advances time. Its ``submit`` records the
 head's submission the way the agent's submit operation does (the patch of
@@ -21,7 +21,7 @@ from dagster_slurm.agent.exceptions import SubmissionInDoubt, SubmitGuardFailed
 from dagster_slurm.agent.results import TxnResult
 from dagster_slurm.errors import SchedulerError, TransportError
 from dagster_slurm.scheduler.client import StatusSnapshot, SubmittedJob
-from dagster_slurm.session.batch_io import (
+from dagster_slurm.session.core.batch_io import (
     Cancel,
     Observation,
     Signal,
@@ -30,7 +30,7 @@ from dagster_slurm.session.batch_io import (
     Txn,
     unobserved,
 )
-from dagster_slurm.session.io import DocumentRead, FilesPoll, ReadyPoll
+from dagster_slurm.session.core.io import DocumentRead, FilesPoll, ReadyPoll
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.parsers import SqueueRecord
@@ -413,8 +413,7 @@ def on_fake_cluster(slurm: Any, run_id: str, config: Any, launcher: Any, *,
     cluster = cluster_class(probe.initial_document())
     session = RunSession(slurm, run_id, config, launcher, activation=lambda: activation,
                          io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep,
-                         **options)
-    session._start_heartbeat = lambda: None  # no thread
+                         **options, background=False)
     return session, cluster
 
 

@@ -16,9 +16,10 @@ from session_fakes import FakeCluster
 from test_session_successor import _running_head, _session, _start_on_promotion
 
 from dagster_slurm.jobs.logs import ProgressLog
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.head_election import HeadElectionTimeout, _ClaimKeeper
-from dagster_slurm.session.head_watch import HeadWatch, WatchAction, decide
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.head.acquire import submit_head
+from dagster_slurm.session.head.election import HeadElectionTimeout, _ClaimKeeper
+from dagster_slurm.session.supervision.head_watch import HeadWatch, WatchAction, decide
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
 from dagster_slurm.state.election import (
@@ -152,7 +153,7 @@ def _add_worker_record(cluster: FakeCluster, job_id: str = "900") -> None:
 
 
 def _view(cluster: FakeCluster, session: Any) -> tuple[Any, Any, float]:
-    from dagster_slurm.session.head_election import scheduler_view
+    from dagster_slurm.session.head.election import scheduler_view
 
     return scheduler_view(session)
 
@@ -190,7 +191,7 @@ def test_decide_drains_a_head_without_signal_near_its_walltime() -> None:
 
 def test_the_watch_of_a_step_process_elects_a_new_head_once_the_head_ended() -> None:
     session, cluster, head = _running_head()
-    watch = HeadWatch(session)
+    watch = HeadWatch(session.context)
     assert watch.check_once().action is WatchAction.IDLE
     assert watch.interval == WORKER_DISCOVERY_INTERVAL  # a later worker is found within 2 min
     _add_worker_record(cluster)
@@ -210,8 +211,8 @@ def test_a_running_head_submitted_by_a_dead_elector_is_attached_to_and_recorded_
     read = cluster.read()
     claim = et.claim_election(read.doc, owner="dead", candidate=None, now=read.now, ttl=20)
     assert isinstance(claim, et.Change) and cluster.apply(claim).ok
-    dead._retire(head, "job_id", "CANCELLED")
-    job_id, mine = dead._submit(ProgressLog())
+    dead.context.retire(head, "job_id", "CANCELLED")
+    job_id, mine = submit_head(dead.context, ProgressLog())
     assert mine and cluster.doc()["allocation"]["status"] == "submitted"
     cluster.start(job_id, nodes=("c2",))  # it runs; its submitter died before recording it
     assert session.replace_head(timeout=120).job_id == job_id
@@ -229,8 +230,7 @@ def _ray_running_head() -> tuple[Any, FakeCluster, str]:
     probe = RunSession(_slurm(), RUN_ID, config, RayLauncher(), activation=lambda: None)
     cluster = FakeCluster(probe.initial_document())
     session = RunSession(_slurm(), RUN_ID, config, RayLauncher(), activation=lambda: None,
-                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, background=False)
     cluster.on_submit = lambda job: cluster.clock.at(
         cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
     head = session.ensure().job_id
@@ -241,7 +241,7 @@ def _ray_running_head() -> tuple[Any, FakeCluster, str]:
 def test_a_head_whose_ray_stopped_while_its_job_runs_is_replaced() -> None:
     session, cluster, head = _ray_running_head()
     _add_worker_record(cluster)
-    watch = HeadWatch(session)
+    watch = HeadWatch(session.context)
     assert watch.check_once().action is WatchAction.KEEP
     cluster.ray_stopped[head] = "1800000100"  # the head's step server saw its Ray stop
     _start_new_heads(cluster)

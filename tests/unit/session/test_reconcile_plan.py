@@ -19,14 +19,14 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dagster_slurm.session.intents import WorkerIntent
-from dagster_slurm.session.reconcile_plan import (
+from dagster_slurm.session.scaling.intents import WorkerIntent
+from dagster_slurm.session.scaling.plan import (
     DRAIN_GRACE,
     SETTLE_AFTER,
     ReconcilePlan,
     plan_reconcile,
 )
-from dagster_slurm.session.snapshot import (
+from dagster_slurm.session.scaling.snapshot import (
     ENDED,
     AllocationSnapshot,
     SessionSnapshot,

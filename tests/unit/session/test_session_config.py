@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from dagster_slurm.compute.options import sbatch_overrides
 from dagster_slurm.errors import ConfigurationError
-from dagster_slurm.session.config import (
+from dagster_slurm.session.core.config import (
     SlurmRunAllocationConfig,
     check_shape,
     shape_mismatches,

@@ -8,7 +8,7 @@ import pytest
 
 from dagster_slurm.compute.errors import SlurmJobError
 from dagster_slurm.errors import DagsterSlurmError
-from dagster_slurm.session.errors import (
+from dagster_slurm.session.core.errors import (
     REPLACED,
     SessionError,
     SlurmAllocationEnded,

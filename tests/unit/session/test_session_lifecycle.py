@@ -11,8 +11,8 @@ import dagster as dg
 import pytest
 from session_fakes import Lines
 
-from dagster_slurm.session import lifecycle
-from dagster_slurm.session.lifecycle import (
+from dagster_slurm.session.frontend import lifecycle
+from dagster_slurm.session.frontend.lifecycle import (
     close_run_sessions,
     run_id_of,
     run_is_over,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dagster_slurm.session.orphans import _judge
+from dagster_slurm.session.orphans.search import _judge
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import SessionDocument
 
@@ -110,8 +110,8 @@ def test_finished_run_with_unreadable_events_is_still_judged_by_its_status() -> 
 
 # -- the whole reconciliation against an in-memory cluster and a fake clock --------------------
 from dagster_slurm.scheduler.client import StatusSnapshot  # noqa: E402
-from dagster_slurm.session.orphan_assets import AssetJobRecord  # noqa: E402
-from dagster_slurm.session.orphans import (  # noqa: E402
+from dagster_slurm.session.orphans.assets import AssetJobRecord  # noqa: E402
+from dagster_slurm.session.orphans.search import (  # noqa: E402
     OrphanListing,
     SessionRecord,
     reconcile_orphaned_slurm_runs,
@@ -260,7 +260,7 @@ def test_the_quiet_time_of_the_run_is_judged_by_the_injected_clock() -> None:
 
 
 # -- asset-scope jobs: the same reconciliation, the same single squeue ---------------------
-from dagster_slurm.session.orphan_assets import (  # noqa: E402
+from dagster_slurm.session.orphans.assets import (  # noqa: E402
     is_record_path,
     parse_heartbeat,
     parse_record,

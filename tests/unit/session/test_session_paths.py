@@ -10,9 +10,9 @@ from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session.allocation import parse_ready
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.paths import SessionPaths, session_job_name, session_name
+from dagster_slurm.session.core.allocation import parse_ready
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.paths import SessionPaths, session_job_name, session_name
 from dagster_slurm.session.session import RunSession, session_digest
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.queue import SlurmQueueConfig

@@ -11,7 +11,7 @@ import pytest
 from session_fakes import FakeCluster
 from test_session_successor import _running_head, _session, _start_on_promotion
 
-from dagster_slurm.session.io import DocumentRead
+from dagster_slurm.session.core.io import DocumentRead
 from dagster_slurm.session.session import RunSession
 
 

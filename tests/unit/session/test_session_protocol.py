@@ -15,11 +15,13 @@ from session_fakes import FakeCluster, Lines
 from dagster_slurm.jobs.errors import SlurmJobUnschedulable, SlurmSubmissionError
 from dagster_slurm.jobs.pending import PendingPolicy
 from dagster_slurm.launchers.bash import BashLauncher
+from dagster_slurm.protocol import FAILED_RECORD_SECONDS, SUBMIT_GRACE_SECONDS
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
-from dagster_slurm.session.session import FAILED_RECORD_SECONDS, SUBMIT_GRACE_SECONDS, RunSession
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.head.acquire import acquire_head
+from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
@@ -44,9 +46,8 @@ def _session(cluster: FakeCluster | None = None, **config: Any) -> tuple[RunSess
         slurm, RUN_ID, SlurmRunAllocationConfig(**config), BashLauncher(),
         activation=lambda: None, io=cluster, clock=cluster.clock.monotonic,
         sleep=cluster.clock.sleep,
-        pending=PendingPolicy({"PartitionTimeLimit": "lower time_limit"}, grace=0.0),
+        pending=PendingPolicy({"PartitionTimeLimit": "lower time_limit"}, grace=0.0), background=False
     )
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
     return session, cluster
 
 
@@ -59,7 +60,7 @@ def test_first_process_submits_and_waits_until_the_allocation_accepts_steps() ->
     session, cluster = _session()
     _start_when_submitted(cluster, ray_address="10.0.0.1:6379", nodes=("c1", "c2"))
     out = Lines()
-    allocation = session._acquire(out)  # type: ignore[arg-type]
+    allocation = acquire_head(session.context, out)
     assert allocation.slurm_job_id == allocation.job_id == "100"
     assert allocation.nodes == ("c1", "c2") and allocation.ray_address == "10.0.0.1:6379"
     assert cluster.calls["sbatch"] == 1
@@ -75,10 +76,10 @@ def test_first_process_submits_and_waits_until_the_allocation_accepts_steps() ->
 def test_a_second_process_attaches_without_submitting() -> None:
     first, cluster = _session()
     _start_when_submitted(cluster)
-    job_id = first._acquire(Lines()).job_id  # type: ignore[arg-type]
+    job_id = acquire_head(first.context, Lines()).job_id  # type: ignore[arg-type]
     second, _ = _session(cluster)
     out = Lines()
-    assert second._acquire(out).job_id == job_id  # type: ignore[arg-type]
+    assert acquire_head(second.context, out).job_id == job_id  # type: ignore[arg-type]
     assert cluster.calls["sbatch"] == 1
     assert "found; attaching to it" in out.text()
 
@@ -101,7 +102,7 @@ def test_a_loser_of_the_submission_race_waits_for_the_winners_job_id() -> None:
         cluster.start("42")
 
     cluster.clock.at(1.0, winner_gets_its_id)
-    assert session._acquire(Lines()).job_id == "42"  # type: ignore[arg-type]
+    assert acquire_head(session.context, Lines()).job_id == "42"  # type: ignore[arg-type]
     assert cluster.calls.get("sbatch", 0) == 0
 
 
@@ -115,7 +116,7 @@ def test_a_vanished_submitter_is_settled_by_its_token_in_the_queue() -> None:
     cluster.jobs["77"] = FakeJob("77", session.job_name, "tok-lost")
     cluster.start("77")
     out = Lines()
-    assert session._acquire(out).job_id == "77"  # type: ignore[arg-type]
+    assert acquire_head(session.context, out).job_id == "77"  # type: ignore[arg-type]
     assert cluster.clock.t >= SUBMIT_GRACE_SECONDS  # waited out the grace, by the fake clock
     assert "Recovered run allocation 77" in out.text()
     assert cluster.calls.get("sbatch", 0) == 0
@@ -127,7 +128,7 @@ def test_a_vanished_submitter_without_a_job_is_retired_and_a_new_one_submitted()
     assert isinstance(stale, tr.Change)
     cluster.store.transact(stale.patch)
     _start_when_submitted(cluster)
-    allocation = session._acquire(Lines())  # type: ignore[arg-type]
+    allocation = acquire_head(session.context, Lines())
     doc = cluster.doc()
     assert doc["history"]["tok-gone"]["final_state"] == "unknown"
     assert doc["allocation"]["job_id"] == allocation.job_id
@@ -137,11 +138,11 @@ def test_a_vanished_submitter_without_a_job_is_retired_and_a_new_one_submitted()
 def test_an_allocation_that_ended_after_serving_steps_is_retired_and_replaced() -> None:
     session, cluster = _session()
     _start_when_submitted(cluster)
-    first = session._acquire(Lines())  # type: ignore[arg-type]
+    first = acquire_head(session.context, Lines())
     cluster.end(first.job_id, JobState.TIMEOUT)
     again, _ = _session(cluster)
     out = Lines()
-    second = again._acquire(out)  # type: ignore[arg-type]
+    second = acquire_head(again.context, out)
     assert second.job_id != first.job_id
     doc = cluster.doc()
     assert doc["history"][first.job_id]["final_state"] == "TIMEOUT"
@@ -158,7 +159,7 @@ def test_an_allocation_that_ends_before_accepting_steps_fails_with_its_log() -> 
 
     cluster.on_submit = dies
     with pytest.raises(SessionError, match="ended \\(FAILED\\) before it accepted steps") as err:
-        session._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(session.context, Lines())
     assert "slurmstepd: error: boom" in str(err.value)
     assert "100" in cluster.doc()["history"]  # retired, not resubmitted in a loop
     assert cluster.calls["sbatch"] == 1
@@ -168,7 +169,7 @@ def test_an_allocation_that_never_gets_ready_fails_after_startup_timeout_and_is_
     session, cluster = _session(startup_timeout=30)
     cluster.on_submit = lambda job: cluster.run_without_ready(job.job_id)
     with pytest.raises(SessionError, match="did not accept steps within 30 s"):
-        session._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(session.context, Lines())
     assert cluster.cancelled == ["100"]
     assert 30 <= cluster.clock.t < 40
 
@@ -181,7 +182,7 @@ def test_an_unschedulable_allocation_is_cancelled_and_retired() -> None:
 
     cluster.on_submit = unschedulable
     with pytest.raises(SlurmJobUnschedulable, match="lower time_limit"):
-        session._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(session.context, Lines())
     assert cluster.cancelled == ["100"]
     assert cluster.doc()["history"]["100"]["final_state"] == "CANCELLED"
     assert cluster.doc().get("allocation") is None
@@ -191,15 +192,15 @@ def test_a_refused_submission_fails_steps_for_a_while_then_a_retry_submits() -> 
     session, cluster = _session()
     cluster.sbatch_error = "invalid partition specified: nosuch"
     with pytest.raises(SlurmSubmissionError, match="invalid partition"):
-        session._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(session.context, Lines())
     other, _ = _session(cluster)
     with pytest.raises(SlurmSubmissionError, match="could not be submitted \\(failed\\)"):
-        other._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(other.context, Lines())
     cluster.clock.sleep(FAILED_RECORD_SECONDS + 1)
     cluster.sbatch_error = None
     _start_when_submitted(cluster)
     later, _ = _session(cluster)
-    assert later._acquire(Lines()).job_id == "100"  # type: ignore[arg-type]
+    assert acquire_head(later.context, Lines()).job_id == "100"  # type: ignore[arg-type]
     assert cluster.calls["sbatch"] == 2  # the waiting process did not submit
 
 
@@ -213,7 +214,7 @@ def test_close_cancels_by_job_name_and_a_closed_session_submits_nothing() -> Non
     assert doc["closed_reason"] == "the run is SUCCESS" and doc["closed_at"] is not None
     retry, _ = _session(cluster)
     with pytest.raises(SessionError, match="was closed \\(the run is SUCCESS\\)"):
-        retry._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(retry.context, Lines())
     assert cluster.calls["sbatch"] == 1
 
 
@@ -239,18 +240,18 @@ def test_forget_retires_the_allocation_it_was_given() -> None:
     allocation = session.ensure()
     session.forget(allocation, "NODE_FAIL")
     assert cluster.doc()["history"][allocation.job_id]["final_state"] == "NODE_FAIL"
-    assert session._allocation is None
+    assert session.current_allocation() is None
 
 
 def test_the_ready_file_is_trusted_only_after_squeue_says_the_job_runs() -> None:
     session, cluster = _session()
     _start_when_submitted(cluster)
-    allocation = session._acquire(Lines())  # type: ignore[arg-type]
+    allocation = acquire_head(session.context, Lines())
     # the ready file and the job ended; a later process must not attach to it
     cluster.end(allocation.job_id, JobState.COMPLETED)
     again, _ = _session(cluster)
     _start_when_submitted(cluster)
-    assert again._acquire(Lines()).job_id != allocation.job_id  # type: ignore[arg-type]
+    assert acquire_head(again.context, Lines()).job_id != allocation.job_id  # type: ignore[arg-type]
 
 
 def test_a_scheduler_that_does_not_answer_keeps_waiting_and_ends_nothing() -> None:
@@ -258,7 +259,7 @@ def test_a_scheduler_that_does_not_answer_keeps_waiting_and_ends_nothing() -> No
     _start_when_submitted(cluster, after=1.0)
     cluster.queue_answers = False
     cluster.clock.at(60.0, lambda: setattr(cluster, "queue_answers", True))
-    allocation = session._acquire(Lines())  # type: ignore[arg-type]
+    allocation = acquire_head(session.context, Lines())
     assert allocation.job_id == "100" and cluster.cancelled == []
     assert cluster.doc()["history"] == {}
 
@@ -274,10 +275,10 @@ def test_a_run_that_ends_while_the_allocation_waits_in_the_queue_cancels_it() ->
         if cluster.clock.t >= 20:
             raise DagsterRunEnded(RUN_ID, "FAILURE", waiting_for)
 
-    session.follow = follow
+    session.context.follow = follow
     cluster.on_submit = lambda job: None  # stays pending
     with pytest.raises(DagsterRunEnded, match="FAILURE"):
-        session._acquire(Lines())  # type: ignore[arg-type]
+        acquire_head(session.context, Lines())
     assert cluster.cancelled == ["100"]  # it was this process's submission
     assert 20 <= cluster.clock.t < 22
     assert asked[-1] == "run allocation 100"

@@ -10,9 +10,9 @@ import pytest
 from dagster_slurm.agent.results import TailChunk, TailResult
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
-from dagster_slurm.session.errors import SessionError
-from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.session.reattach import (
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.frontend.reattach import (
     Attach,
     CallCounter,
     CallRecord,
@@ -21,7 +21,7 @@ from dagster_slurm.session.reattach import (
     decide,
     payload_fingerprint,
 )
-from dagster_slurm.session.runner import read_call_record
+from dagster_slurm.session.frontend.runner import read_call_record
 
 PAYLOAD = payload_fingerprint("process.py", BashLauncher())
 

@@ -17,12 +17,12 @@ from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session import reconcile
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
-from dagster_slurm.session.intents import WorkerIntent
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.scaling import reconcile
+from dagster_slurm.session.scaling.intents import WorkerIntent
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import lease
@@ -127,8 +127,7 @@ def test_a_fresh_process_cancels_once_a_persisted_deadline_passed() -> None:
     # a new session object (a restarted supervisor) on the same document
     fresh = RunSession(session.slurm, RUN_ID, session.config, session.launcher,
                        activation=lambda: "/env/activate.sh", io=cluster,
-                       clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
-    fresh._start_heartbeat = lambda: None  # type: ignore[method-assign]
+                       clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, background=False)
     early = fresh.reconcile_workers(_gpu(0))
     assert early.cancelled == () and cluster.jobs[job_id].state is JobState.RUNNING
     cluster.clock.sleep(60 + 30)
@@ -229,7 +228,7 @@ def test_bad_input_is_refused_before_anything_runs() -> None:
 
 
 def test_the_session_resource_passes_the_contexts_session_on(monkeypatch: pytest.MonkeyPatch):
-    from dagster_slurm.session.resource import SlurmSessionResource
+    from dagster_slurm.session.frontend.resource import SlurmSessionResource
 
     session, cluster = _session()
     resource = SlurmSessionResource(slurm=session.slurm, launcher=RayLauncher())

@@ -16,10 +16,15 @@ from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.lifecycle import sessions_of_run
-from dagster_slurm.session.resource import SlurmSessionResource
-from dagster_slurm.session.runner import RECORD_STEP_ID, STEP_ID_FILE, check_step, step_launcher
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.frontend.lifecycle import sessions_of_run
+from dagster_slurm.session.frontend.resource import SlurmSessionResource
+from dagster_slurm.session.frontend.runner import (
+    RECORD_STEP_ID,
+    STEP_ID_FILE,
+    check_step,
+    step_launcher,
+)
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 

@@ -16,13 +16,15 @@ from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session import run_layout
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.lifecycle import sessions_of_run
-from dagster_slurm.session.resource import SlurmSessionResource
-from dagster_slurm.session.run_layout import WORKER_LEASE, RunLayout, keep_a_worker
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.frontend.lifecycle import sessions_of_run
+from dagster_slurm.session.frontend.resource import SlurmSessionResource
+from dagster_slurm.session.head.acquire import acquire_head
+from dagster_slurm.session.head.layout import RunLayout
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.workers import keep as run_layout
+from dagster_slurm.session.workers.keep import WORKER_LEASE, keep_a_worker
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import lease
@@ -159,8 +161,7 @@ def _session(layout: RunLayout | None, launcher: RayLauncher | None = None,
     probe = RunSession(slurm, RUN_ID, config, launcher, activation=lambda: None, **extra)
     cluster = FakeCluster(probe.initial_document())
     session = RunSession(slurm, RUN_ID, config, launcher, activation=lambda: None, io=cluster,
-                         clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, **extra)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+                         clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, **extra, background=False)
     return session, cluster
 
 
@@ -173,7 +174,7 @@ def test_the_head_script_offers_no_cpus_and_no_gpus_to_ray() -> None:
     assert session.launcher.num_gpus_per_node == 2  # the run's launcher is kept as it is
     cluster.on_submit = lambda job: cluster.clock.at(
         cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     (script,) = [text for path, text in cluster.files.items() if path.endswith("/allocation.sh")]
     assert "\n__ds_ray_num_cpus=0\n" in script and "\n__ds_ray_num_gpus=0\n" in script
     (spec,) = cluster.specs
@@ -185,7 +186,7 @@ def test_without_a_layout_the_head_script_offers_the_launcher_values() -> None:
     assert session.head_launcher is session.launcher
     cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
                                                      lambda: cluster.start(job.job_id))
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     (script,) = [text for path, text in cluster.files.items() if path.endswith("/allocation.sh")]
     assert "\n__ds_ray_num_cpus=''\n" in script and "\n__ds_ray_num_gpus=2\n" in script
 
@@ -272,8 +273,8 @@ class _Submitter:
         self.cluster = cluster
         self.calls: list[SlurmWorkerAllocationConfig] = []
 
-    def __call__(self, session: RunSession, config: SlurmWorkerAllocationConfig,
-                 logger: Any) -> str:
+    def __call__(self, session: Any, config: SlurmWorkerAllocationConfig,
+                 logger: Any, fence: Any = None) -> str:
         self.calls.append(config)
         held = (self.cluster.doc().get("leases") or {}).get(WORKER_LEASE)
         assert held is not None, "submitted without holding the lease"
@@ -317,15 +318,15 @@ def test_a_head_without_a_live_worker_submits_the_first_worker(
 
 def test_a_live_worker_is_enough_and_a_dead_one_is_replaced() -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
-    assert keep_a_worker(session, submit=submitter) is True
-    assert keep_a_worker(session, submit=submitter) is False  # pending counts as live
+    acquire_head(session.context, session_log())
+    assert keep_a_worker(session.context, submit=submitter) is True
+    assert keep_a_worker(session.context, submit=submitter) is False  # pending counts as live
     (worker,) = [j for j in cluster.jobs.values() if j.job_id != "100"]
     cluster.start(worker.job_id, nodes=("g1",))
-    assert keep_a_worker(session, submit=submitter) is False
+    assert keep_a_worker(session.context, submit=submitter) is False
     cluster.end(worker.job_id, JobState.TIMEOUT)  # e.g. a retried run, the workers gone
     lines = _Lines()
-    assert keep_a_worker(session, lines, submit=submitter) is True
+    assert keep_a_worker(session.context, lines, submit=submitter) is True
     assert len(submitter.calls) == 2
     assert any("no live worker allocation: submitting one (partition gpu, 2 node(s)" in line
                for line in lines.lines), lines.lines
@@ -333,45 +334,45 @@ def test_a_live_worker_is_enough_and_a_dead_one_is_replaced() -> None:
 
 def test_an_uncertain_scheduler_or_a_closed_session_submits_nothing() -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     cluster.queue_answers = False
-    assert keep_a_worker(session, submit=submitter) is False
+    assert keep_a_worker(session.context, submit=submitter) is False
     cluster.queue_answers = True
     closed = tr.close_session(None, reason="teardown")
     assert isinstance(closed, tr.Change) and cluster.apply(closed).ok
-    assert keep_a_worker(session, submit=submitter) is False
+    assert keep_a_worker(session.context, submit=submitter) is False
     assert submitter.calls == []
 
 
 def test_a_scheduler_error_is_logged_and_submits_nothing() -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
 
     def broken(job_names: Any) -> Any:
         raise SchedulerError("squeue: connection refused")
 
     cluster.queue = broken  # type: ignore[method-assign]
     lines = _Lines()
-    assert keep_a_worker(session, lines, submit=submitter) is False
+    assert keep_a_worker(session.context, lines, submit=submitter) is False
     assert submitter.calls == []
     assert any("connection refused" in line and "none submitted" in line for line in lines.lines)
 
 
 def test_another_process_holding_the_lease_submits_instead() -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     assert lease.acquire(cluster.store, WORKER_LEASE, "other:1:ab", 120.0).acquired
     lines = _Lines()
-    assert keep_a_worker(session, lines, submit=submitter) is False
+    assert keep_a_worker(session.context, lines, submit=submitter) is False
     assert submitter.calls == [] and any("other:1:ab" in line for line in lines.lines)
     cluster.clock.sleep(121)  # the holder died: its lease expires
-    assert keep_a_worker(session, submit=submitter) is True
+    assert keep_a_worker(session.context, submit=submitter) is True
 
 
 def test_a_submission_that_another_process_made_meanwhile_is_seen_under_the_lease(
         monkeypatch: pytest.MonkeyPatch) -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     other = _Submitter(cluster)
     original = lease.acquire
 
@@ -383,7 +384,7 @@ def test_a_submission_that_another_process_made_meanwhile_is_seen_under_the_leas
         return original(*args, **kwargs)
 
     monkeypatch.setattr(lease, "acquire", acquire_after_the_other)
-    assert keep_a_worker(session, submit=submitter) is False
+    assert keep_a_worker(session.context, submit=submitter) is False
     assert submitter.calls == [] and len(other.calls) == 1
 
 
@@ -392,14 +393,14 @@ def test_a_refused_submission_fails_the_step_and_the_next_one_checks_again(
     session, cluster, submitter = _ready_head()
     calls: list[int] = []
 
-    def refused(session: RunSession, config: Any, logger: Any) -> None:
+    def refused(session: Any, config: Any, logger: Any, fence: Any = None) -> None:
         calls.append(1)
         raise SchedulerError("sbatch: error: invalid partition name")
 
     monkeypatch.setattr(run_layout, "submit_worker_allocation", refused)
     with pytest.raises(SchedulerError, match="invalid partition"):
         session.ensure()
-    assert session._allocation is None  # not cached: the next step attaches and checks
+    assert session.current_allocation() is None  # not cached: the next step attaches and checks
     monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
     assert session.ensure().job_id == "100"
     assert len(cluster.specs) == 1  # the head was attached to, not submitted again
@@ -410,20 +411,20 @@ def test_a_refused_submission_fails_the_step_and_the_next_one_checks_again(
 def test_a_session_without_a_layout_never_submits_a_worker() -> None:
     session, cluster = _session(None, config=SlurmRunAllocationConfig())
     submitter = _Submitter(cluster)
-    assert keep_a_worker(session, submit=submitter) is False
+    assert keep_a_worker(session.context, submit=submitter) is False
     assert submitter.calls == []
 
 
 def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from dagster_slurm.session.head_watch import HeadWatch, WatchAction
+    from dagster_slurm.session.supervision.head_watch import HeadWatch, WatchAction
     from dagster_slurm.state.election import HEAD_CHECK_INTERVAL
 
     session, cluster, submitter = _ready_head()
     monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
     session.ensure()
     assert session.separate_head and len(submitter.calls) == 1
-    watch = HeadWatch(session)
+    watch = HeadWatch(session.context)
     assert watch.interval == HEAD_CHECK_INTERVAL  # a separate head is watched from the start
     assert watch.check_once().action is WatchAction.KEEP
     assert len(submitter.calls) == 1  # the worker submitted by ensure() is pending: live
@@ -438,7 +439,7 @@ def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
 
 def test_a_successor_of_a_separate_head_is_shaped_and_started_like_the_head() -> None:
     session, cluster, _submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     successor = session.submit_successor(SlurmRunAllocationConfig(time_limit="00:20:00"))
     spec = cluster.specs[-1]
     assert (spec.partition, spec.time_limit, spec.num_nodes) == ("cpu", "00:20:00", 1)

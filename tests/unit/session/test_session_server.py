@@ -18,9 +18,9 @@ import pytest
 
 from dagster_slurm.agent.remote.files import wake_fifo
 from dagster_slurm.compute.paths import InvocationPaths
-from dagster_slurm.session.allocation import parse_ready
-from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.session.session import render_server
+from dagster_slurm.session.core.allocation import parse_ready
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.step_server import render_server
 
 BASH = "/bin/bash"
 JOB_ID = "42"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dagster_slurm.scheduler.client import StatusSnapshot
-from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.session.snapshot import ENDED, build_snapshot, granted_gpus
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.scaling.snapshot import ENDED, build_snapshot, granted_gpus
 from dagster_slurm.slurm.parsers import parse_squeue
 from dagster_slurm.state.schema import SessionDocument
 

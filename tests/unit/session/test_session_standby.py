@@ -29,9 +29,9 @@ from test_session_server import (
 )
 
 from dagster_slurm.launchers import BashLauncher, ExecutionPlan
-from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.session.session import render_server
-from dagster_slurm.session.standby import render_standby
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.step_server import render_server
+from dagster_slurm.session.head.standby import render_standby
 
 TOKEN = "tok"
 WAITING = f"successor allocation {JOB_ID} started; waiting for its promotion"

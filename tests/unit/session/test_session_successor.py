@@ -16,10 +16,10 @@ from session_fakes import FakeCluster
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.head.successor import inherit_config
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.successor import inherit_config
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
@@ -43,8 +43,7 @@ def _session(cluster: FakeCluster | None = None) -> tuple[RunSession, FakeCluste
     probe = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None)
     cluster = cluster or FakeCluster(probe.initial_document())
     session = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None,
-                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, background=False)
     published: list[str] = []
     session.publish_allocation = published.append
     session.published = published  # type: ignore[attr-defined]
@@ -230,10 +229,9 @@ def test_the_heartbeat_runs_while_the_caller_waits_for_a_queued_successor() -> N
     session, cluster, _ = _running_head()
     session.close(cancel=False)  # this process stopped using the session ...
     fresh, _ = _session(cluster)
-    started: list[bool] = []
-    fresh._start_heartbeat = lambda: started.append(True)  # type: ignore[method-assign]
+    beats = cluster.calls.get("beat", 0)
     fresh.submit_successor()  # ... another one queues the successor and waits for it
-    assert started == [True]
+    assert cluster.calls.get("beat", 0) == beats + 1  # its heartbeat started with a beat
 
 
 def test_teardown_cancels_a_pending_successor() -> None:

@@ -6,8 +6,8 @@ error naming the successor, its state and promote_successor(); a successor that 
 no longer blocks a new head; an allocation that is ending (COMPLETING) is waited out, never
 attached to. Extension points: a subclass's own state, configuration and
 SSH resource stay on the one session object through submission, promotion and attachment,
-every allocation object comes from ``_make_allocation`` and a successor's configuration
-from ``_clone_allocation_config``; resources build sessions of their ``session_class``.
+every allocation object comes from ``make_allocation`` and a successor's configuration
+from ``clone_allocation_config``; resources build sessions of their ``session_class``.
 The heartbeat thread beats while the caller waits for a successor and is gone after
 teardown, with or without cancelling.
 """
@@ -26,11 +26,11 @@ from session_fakes import FakeCluster
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session.allocation import SlurmAllocation
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.core.allocation import SlurmAllocation
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.head.successor import inherit_config
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.successor import inherit_config
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 
@@ -63,9 +63,9 @@ class SiteSession(RunSession):
         self.made: list[str] = []
         self.cloned: list[Mapping[str, Any]] = []
 
-    def _make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
+    def make_allocation(self, job_id: str, nodes: tuple[str, ...], values: Mapping[str, Any],
                          config: Mapping[str, Any] | None = None) -> SlurmAllocation:
-        base = super()._make_allocation(job_id, nodes, values, config)
+        base = super().make_allocation(job_id, nodes, values, config)
         allocation = SiteAllocation(
             base.scheduler, base.paths, base.job_name, base.job_id, nodes=base.nodes,
             head=base.head, ray_address=base.ray_address, drain_signal=base.drain_signal,
@@ -74,10 +74,10 @@ class SiteSession(RunSession):
         self.made.append(job_id)
         return allocation
 
-    def _clone_allocation_config(self, current: Mapping[str, Any],
+    def clone_allocation_config(self, current: Mapping[str, Any],
                                  given: SlurmRunAllocationConfig) -> SlurmRunAllocationConfig:
         self.cloned.append(dict(current))
-        merged = super()._clone_allocation_config(current, given)
+        merged = super().clone_allocation_config(current, given)
         carried = [d for d in current.get("extra_sbatch_directives", [])
                    if d.startswith("--licenses=")]
         directives = list(merged.extra_sbatch_directives) + [
@@ -92,8 +92,8 @@ def _build(cls: type[RunSession] = RunSession, cluster: FakeCluster | None = Non
     probe = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None)
     cluster = cluster or FakeCluster(probe.initial_document())
     session = cls(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None,
-                  io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+                  io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep,
+                  background=False)
     return session, cluster
 
 
@@ -255,8 +255,8 @@ def test_inheritance_keeps_a_config_subclass_and_its_fields() -> None:
 
 def test_resources_build_sessions_of_their_session_class() -> None:
     from dagster_slurm.compute.resource import ComputeResource
-    from dagster_slurm.session.lifecycle import sessions_of_run
-    from dagster_slurm.session.resource import SlurmSessionResource
+    from dagster_slurm.session.frontend.lifecycle import sessions_of_run
+    from dagster_slurm.session.frontend.resource import SlurmSessionResource
 
     class SiteSessionResource(SlurmSessionResource):
         session_class = SiteSession

@@ -26,17 +26,17 @@ from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.scheduler.client import SlurmScheduler
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
-from dagster_slurm.session.estimates import (
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.core.io import AgentSessionIO, StartProbe
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig as Worker
+from dagster_slurm.session.scaling.estimates import (
     SbatchTestOnlyEstimator,
     WorkerStartEstimate,
     default_estimator,
 )
-from dagster_slurm.session.io import AgentSessionIO, StartProbe
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig as Worker
-from dagster_slurm.session.worker_job import worker_submission
+from dagster_slurm.session.workers.job_script import worker_submission
 from dagster_slurm.slurm.commands import SbatchSpec, sbatch_argv
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.test_only import TEST_ONLY_SCRIPT, TestOnlyResult, parse_test_only
@@ -298,13 +298,13 @@ def test_a_custom_estimator_object_replaces_the_default():
     seen: list[tuple[Any, list[Worker]]] = []
 
     class Calendar:
-        def estimate(self, session: RunSession, candidates: Sequence[Worker]):
+        def estimate(self, session: Any, candidates: Sequence[Worker]):
             seen.append((session, list(candidates)))
             return (WorkerStartEstimate(c, 600.0, 3600.0, None) for c in candidates)
 
     candidates = [Worker(partition="gpu")]
     estimates = session.estimate_worker_starts(candidates, Calendar())
-    assert seen == [(session, candidates)] and isinstance(estimates, list)
+    assert seen == [(session.context, candidates)] and isinstance(estimates, list)
     assert estimates[0].starts_within(600) and cluster.calls == {}
     with pytest.raises(ConfigurationError) as raised:
         session.estimate_worker_starts(candidates, object())  # type: ignore[arg-type]
@@ -364,7 +364,7 @@ def test_the_agent_probes_every_spec_and_reads_the_document_in_one_round_trip(
                           remote_base=str(tmp_path / "base"), queue=QUEUE)
     session = RunSession(slurm, str(uuid.uuid4()), HEAD, RayLauncher(), activation=lambda: None)
     local = _LocalSlurm(client)
-    session.io = AgentSessionIO(local, session.paths, session.initial_document())
+    session.context.io = AgentSessionIO(local, session.paths, session.initial_document())
     client.install()
     candidates = [Worker(partition="gpu"), Worker(partition="nosuch"), Worker(partition="cpu")]
     before = transport.stats.round_trips
@@ -386,7 +386,7 @@ def test_the_agent_probes_every_spec_and_reads_the_document_in_one_round_trip(
 
 
 def test_the_session_resource_passes_the_contexts_session_on(monkeypatch: pytest.MonkeyPatch):
-    from dagster_slurm.session.resource import SlurmSessionResource
+    from dagster_slurm.session.frontend.resource import SlurmSessionResource
 
     session, cluster = _session()
     resource = SlurmSessionResource(slurm=session.slurm, launcher=RayLauncher())

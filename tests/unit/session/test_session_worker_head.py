@@ -14,8 +14,8 @@ from session_fakes import FakeCluster, FakeJob
 from test_head_election import _ray_running_head
 from test_session_successor import _running_head
 
-from dagster_slurm.session.worker_head import HOST_TIMEOUT, host_head_path, host_state_path
-from dagster_slurm.session.worker_removal import remove_worker_allocation
+from dagster_slurm.session.head.worker_host import HOST_TIMEOUT, host_head_path, host_state_path
+from dagster_slurm.session.workers.removal import remove_worker_allocation
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
 
@@ -77,7 +77,7 @@ def test_a_lost_head_is_replaced_by_the_worker_allocation_hosting_a_control_plan
     assert doc["election"]["claimed_by"] is None
     assert any(r.get("job_id") == head for r in doc["history"].values())
     assert cluster.calls["sbatch"] == 1  # no new allocation
-    assert session._allocation is allocation
+    assert session.current_allocation() is allocation
     # every later caller gets the same head
     assert session.replace_head(timeout=10).job_id == "900"
 
@@ -152,7 +152,7 @@ def test_removing_the_worker_allocation_hosting_the_head_hands_the_head_over_fir
         cluster.clock.at(cluster.clock.t + 10, lambda: cluster.end(job.job_id, JobState.COMPLETED))
 
     cluster.on_signal = drained_when_idle
-    state = remove_worker_allocation(session, "900", drain_timeout=120)
+    state = remove_worker_allocation(session.context, "900", drain_timeout=120)
     assert state is JobState.COMPLETED
     assert seen == ["900 term=1", "901 term=2"]  # the next head: the other worker allocation
     (signalled, signal, doc_then), = cluster.signals

@@ -19,10 +19,10 @@ from dagster_slurm.errors import ConfigurationError, SchedulerError
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session import worker_removal
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.session.workers import removal as worker_removal
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
@@ -42,8 +42,7 @@ def _session() -> tuple[RunSession, FakeCluster]:
     cluster = FakeCluster(probe.initial_document())
     session = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None,
                          io=cluster, clock=cluster.clock.monotonic,
-                         sleep=cluster.clock.sleep)
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]  # no thread
+                         sleep=cluster.clock.sleep, background=False)
     cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
                                                      lambda: cluster.start(job.job_id))
     session.ensure()  # a running head, job 100
@@ -225,7 +224,7 @@ def test_wait_false_returns_once_the_drain_is_requested_and_follows_in_a_thread(
         assert gate.acquire(timeout=10)
         cluster.clock.sleep(seconds)
 
-    session.sleep = sleep
+    session.context.sleep = sleep
     assert session.remove_worker_allocation(worker, drain_timeout=300, wait=False) is None
     assert len(cluster.signals) == 1  # requested before the call returned
     assert not _record(cluster, worker)["released"]

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from dagster_slurm.launchers.ray import RayLauncher
-from dagster_slurm.session.paths import SessionPaths
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
-from dagster_slurm.session.worker_job import render_worker
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.workers.job_script import render_worker
 
 BASH = "/bin/bash"
 JOB_ID = "42"

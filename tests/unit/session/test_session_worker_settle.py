@@ -8,8 +8,9 @@ from __future__ import annotations
 from session_fakes import FakeCluster, FakeJob
 from test_session_separate_head import _ready_head, session_log
 
-from dagster_slurm.session.run_layout import keep_a_worker
-from dagster_slurm.session.worker_settle import SUBMIT_GRACE_SECONDS, stale_tokens
+from dagster_slurm.session.head.acquire import acquire_head
+from dagster_slurm.session.workers.keep import keep_a_worker
+from dagster_slurm.session.workers.settle import SUBMIT_GRACE_SECONDS, stale_tokens
 from dagster_slurm.slurm.states import JobState
 
 
@@ -24,14 +25,14 @@ def _open_submission(cluster: FakeCluster, token: str) -> None:
 
 def test_a_stale_submission_whose_job_exists_becomes_the_worker() -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     _open_submission(cluster, "tok-dead")
     cluster.jobs["555"] = FakeJob("555", session.job_name, "tok-dead", JobState.RUNNING,
                                   None, ("g1",))
-    assert keep_a_worker(session, submit=submitter) is False  # fresh: in flight
+    assert keep_a_worker(session.context, submit=submitter) is False  # fresh: in flight
     assert cluster.doc()["worker_submissions"]["tok-dead"]["status"] == "submitting"
     cluster.clock.sleep(SUBMIT_GRACE_SECONDS + 1)
-    assert keep_a_worker(session, submit=submitter) is False  # found: a live worker
+    assert keep_a_worker(session.context, submit=submitter) is False  # found: a live worker
     doc = cluster.doc()
     assert doc["worker_submissions"]["tok-dead"]["status"] == "submitted"
     assert "555" in doc["workers"] and submitter.calls == []
@@ -39,14 +40,14 @@ def test_a_stale_submission_whose_job_exists_becomes_the_worker() -> None:
 
 def test_a_stale_submission_without_a_job_is_failed_and_a_worker_submitted_again() -> None:
     session, cluster, submitter = _ready_head()
-    session._acquire(session_log())  # type: ignore[arg-type]
+    acquire_head(session.context, session_log())
     _open_submission(cluster, "tok-lost")
     cluster.clock.sleep(SUBMIT_GRACE_SECONDS + 1)
     cluster.queue_answers = False
-    assert keep_a_worker(session, submit=submitter) is False  # uncertain: nothing settled
+    assert keep_a_worker(session.context, submit=submitter) is False  # uncertain: nothing settled
     assert cluster.doc()["worker_submissions"]["tok-lost"]["status"] == "submitting"
     cluster.queue_answers = True
-    assert keep_a_worker(session, submit=submitter) is True
+    assert keep_a_worker(session.context, submit=submitter) is True
     assert cluster.doc()["worker_submissions"]["tok-lost"]["status"] == "failed"
     assert len(submitter.calls) == 1
 

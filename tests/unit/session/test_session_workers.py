@@ -16,13 +16,13 @@ from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.resources.ssh import SSHConnectionResource
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.errors import SessionError
-from dagster_slurm.session.paths import SessionPaths
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.worker_config import SlurmWorkerAllocationConfig
-from dagster_slurm.session.worker_job import worker_start_args, worker_submission
-from dagster_slurm.session.workers import (
+from dagster_slurm.session.workers.job_script import worker_start_args, worker_submission
+from dagster_slurm.session.workers.submit import (
     WorkerAllocation,
     joined_ids,
     parse_ray_nodes,
@@ -147,7 +147,7 @@ def test_adding_to_a_closed_session_is_refused():
     _running_head(session, cluster)
     session.close(cancel=True)
     fresh, _ = _session()
-    fresh.io = cluster
+    fresh.context.io = cluster
     with pytest.raises(SessionError):
         fresh.add_worker_allocation(GPU)
 
@@ -173,7 +173,8 @@ def test_waiting_starts_the_head_first_and_records_the_join():
         cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
     _join_later(session, cluster, worker, at=30, head="101")
     assert session.wait_for_worker_allocation(worker, timeout=300) == ["aa", "bb"]
-    assert session._allocation is not None and session._allocation.job_id == "101"
+    current = session.current_allocation()
+    assert current is not None and current.job_id == "101"
     record = session.io.read().doc.workers[worker.job_id]
     assert record.ray_node_ids == {"g1": "aa", "g2": "bb"} and record.nodes == ["g1", "g2"]
     assert 30 <= cluster.clock.t < 45  # polled with a backoff, not a busy loop

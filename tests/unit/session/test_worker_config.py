@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from dagster_slurm.errors import ConfigurationError
-from dagster_slurm.session.config import SlurmRunAllocationConfig
-from dagster_slurm.session.worker_config import (
+from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.worker_config import (
     INHERITED_FIELDS,
     PER_SUBMISSION_FIELDS,
     SlurmWorkerAllocationConfig,
