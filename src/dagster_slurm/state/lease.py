@@ -38,6 +38,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from dagster_slurm.agent.remote.patch import json_equal, make_pointer
+from dagster_slurm.state.patches import (
+    absent,
+    add,
+    add_now,
+    compare_now,
+    equals,
+    remove,
+    replace_now,
+    setdefault,
+)
 from dagster_slurm.state.schema import Lease
 from dagster_slurm.state.store import StateStore
 
@@ -70,6 +80,7 @@ def new_owner_id(host: str | None = None, pid: int | None = None) -> str:
 
 
 def lease_pointer(name: str) -> str:
+    """The pointer of lease ``name`` in its document (``/leases/<name>``, escaped)."""
     return make_pointer("leases", name)
 
 
@@ -82,22 +93,17 @@ def acquire_patch(
     """
     pointer = lease_pointer(name)
     if previous is None:
-        guard = [
-            {"op": "setdefault", "path": "/leases", "value": {}},
-            {"op": "absent", "path": pointer},
-        ]
+        guard = [setdefault("/leases", {}), absent(pointer)]
     else:
-        guard = [{"op": "test", "path": pointer, "value": dict(previous)}]
+        guard = [equals(pointer, dict(previous))]
         lease = _parse(previous)
         if lease is not None and lease.owner != owner:
-            guard.append(
-                {"op": "test", "path": pointer + "/expires_at", "cmp": "le", "value_now": 0}
-            )
+            guard.append(compare_now(pointer + "/expires_at", "le"))
     return guard + [
-        {"op": "add", "path": pointer, "value": {"owner": owner, "ttl": ttl}},
-        {"op": "add", "path": pointer + "/acquired_at", "value_now": 0},
-        {"op": "add", "path": pointer + "/renewed_at", "value_now": 0},
-        {"op": "add", "path": pointer + "/expires_at", "value_now": ttl},
+        add(pointer, {"owner": owner, "ttl": ttl}),
+        add_now(pointer + "/acquired_at"),
+        add_now(pointer + "/renewed_at"),
+        add_now(pointer + "/expires_at", ttl),
     ]
 
 
@@ -105,21 +111,18 @@ def renew_patch(name: str, owner: str, ttl: float) -> list[dict[str, Any]]:
     """Extend the lease to ``now + ttl`` if ``owner`` holds it and it has not expired."""
     pointer = lease_pointer(name)
     return [
-        {"op": "test", "path": pointer + "/owner", "value": owner},
-        {"op": "test", "path": pointer + "/expires_at", "cmp": "gt", "value_now": 0},
-        {"op": "replace", "path": pointer + "/renewed_at", "value_now": 0},
-        {"op": "replace", "path": pointer + "/expires_at", "value_now": ttl},
-        {"op": "add", "path": pointer + "/ttl", "value": ttl},
+        equals(pointer + "/owner", owner),
+        compare_now(pointer + "/expires_at", "gt"),
+        replace_now(pointer + "/renewed_at"),
+        replace_now(pointer + "/expires_at", ttl),
+        add(pointer + "/ttl", ttl),
     ]
 
 
 def release_patch(name: str, owner: str) -> list[dict[str, Any]]:
     """Remove the lease if ``owner`` holds it (expired or not)."""
     pointer = lease_pointer(name)
-    return [
-        {"op": "test", "path": pointer + "/owner", "value": owner},
-        {"op": "remove", "path": pointer},
-    ]
+    return [equals(pointer + "/owner", owner), remove(pointer)]
 
 
 def current_holder(doc: Mapping[str, Any] | None, name: str, now: float) -> Lease | None:
