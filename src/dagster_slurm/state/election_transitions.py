@@ -16,6 +16,14 @@ starts failed there. The elector:
    :func:`fail_election` when it did not start, which counts a failure of the candidate
    (an allocation that failed twice is passed over by the next election).
 
+The claim is a lease (:mod:`dagster_slurm.state.lease`) kept in the election record, whose
+owner field is ``claimed_by``: it is taken, renewed, checked and expired with the lease
+primitives (:func:`~dagster_slurm.state.lease.take_guards`,
+:func:`~dagster_slurm.state.lease.holder_guard`,
+:func:`~dagster_slurm.state.lease.unexpired_guard`, :func:`~dagster_slurm.state.lease.expiry`,
+:func:`~dagster_slurm.state.lease.has_expired`); the record adds the term, the candidate and
+the failure counts, and is released rather than removed (its term and counts stay).
+
 Guarantees: at most one unexpired claim (the claim is guarded by the election record
 exactly as read and, to take over, by its expiry at the store's clock); an elector that
 dies blocks the next election for at most :data:`CLAIM_TTL` seconds after its last
@@ -42,6 +50,7 @@ from enum import Enum
 from typing import Any
 
 from dagster_slurm.agent.remote.patch import make_pointer
+from dagster_slurm.state import lease
 from dagster_slurm.state.patches import (
     HEAD,
     Change,
@@ -50,11 +59,9 @@ from dagster_slurm.state.patches import (
     Outcome,
     Patch,
     Refused,
-    absent,
     add,
     add_now,
     check_edge,
-    compare_now,
     equals,
     incr,
     replace_head_ops,
@@ -114,9 +121,7 @@ def claim_state(doc: SessionDocument | None, now: float) -> ClaimState:
     election = doc.election if doc is not None else None
     if election is None or election.claimed_by is None:
         return C.FREE
-    if election.expires_at is None or now >= election.expires_at:
-        return C.EXPIRED
-    return C.CLAIMED
+    return C.EXPIRED if lease.has_expired(election.expires_at, now) else C.CLAIMED
 
 
 def failures(doc: SessionDocument | None, job_id: str) -> int:
@@ -162,22 +167,22 @@ def claim_election(doc: SessionDocument | None, *, owner: str, candidate: str | 
         term, counts = election.term + 1, dict(election.failures)
         if takeover and election.candidate is not None:
             counts[election.candidate] = counts.get(election.candidate, 0) + 1
-    guards: list[Op] = [absent(ELECTION)] if election is None else [equals(ELECTION, _raw(doc))]
-    if election is not None and takeover:
-        guards.append(compare_now(f"{ELECTION}/expires_at", "le"))
+    guards = lease.take_guards(ELECTION, None if election is None else _raw(doc),
+                               takeover=takeover)
     value = Election(term=term, candidate=candidate, claimed_by=owner,
                      failures=counts).model_dump(mode="json")
     return Change(name, (
         *guards,
         add(ELECTION, value),
         add_now(f"{ELECTION}/started_at"),
-        add_now(f"{ELECTION}/expires_at", ttl),
+        lease.expiry(ELECTION, ttl),
     ))
 
 
 def _holds(owner: str, term: int) -> Patch:
     """Guards: ``owner`` holds the claim of ``term`` (expired or not)."""
-    return (equals(f"{ELECTION}/claimed_by", owner), equals(f"{ELECTION}/term", term))
+    return (lease.holder_guard(ELECTION, owner, "claimed_by"),
+            equals(f"{ELECTION}/term", term))
 
 
 def _owned(doc: SessionDocument | None, name: str, owner: str, term: int,
@@ -193,11 +198,6 @@ def _owned(doc: SessionDocument | None, name: str, owner: str, term: int,
     return _edge(doc, name, now)
 
 
-def _unexpired() -> Op:
-    """Guard: the claim has not expired at the store's clock at commit."""
-    return compare_now(f"{ELECTION}/expires_at", "gt")
-
-
 def renew_election(doc: SessionDocument | None, *, owner: str, term: int, now: float,
                    ttl: float = CLAIM_TTL) -> Outcome:
     """CLAIMED -> CLAIMED: ``owner`` still elects for ``term``: the claim holds until
@@ -206,8 +206,8 @@ def renew_election(doc: SessionDocument | None, *, owner: str, term: int, now: f
     refused = _owned(doc, name, owner, term, now)
     if refused is not None:
         return refused
-    return Change(name, (*_holds(owner, term), _unexpired(),
-                         add_now(f"{ELECTION}/expires_at", ttl)))
+    return Change(name, (*_holds(owner, term), lease.unexpired_guard(ELECTION),
+                         lease.expiry(ELECTION, ttl)))
 
 
 def _release() -> Patch:
@@ -223,7 +223,7 @@ def complete_election(doc: SessionDocument | None, *, owner: str, term: int,
     refused = _owned(doc, name, owner, term, now)
     if refused is not None:
         return refused
-    return Change(name, (*_holds(owner, term), _unexpired(), *_release()))
+    return Change(name, (*_holds(owner, term), lease.unexpired_guard(ELECTION), *_release()))
 
 
 def fail_election(doc: SessionDocument | None, *, owner: str, term: int,
@@ -271,7 +271,7 @@ def install_elected_head(doc: SessionDocument | None, *, owner: str, term: int, 
         return refused
     worker = make_pointer("workers", job_id)
     raw_worker = doc.model_dump(mode="json", exclude_unset=True)["workers"][job_id]
-    patch: list[Op] = [*_holds(owner, term), _unexpired(),
+    patch: list[Op] = [*_holds(owner, term), lease.unexpired_guard(ELECTION),
                        equals(worker, raw_worker), *replace_head_ops(doc)]
     predecessor = doc.allocation
     head = {"kind": WORKER_HEAD_KIND, "job_id": job_id, "token": record.token,

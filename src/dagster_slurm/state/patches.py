@@ -4,7 +4,8 @@ Every transition table of this package builds its patches from here: the head's
 (:mod:`~dagster_slurm.state.transitions`), the successor's
 (:mod:`~dagster_slurm.state.successor_transitions`), the worker allocations'
 (:mod:`~dagster_slurm.state.worker_transitions`) and the election's
-(:mod:`~dagster_slurm.state.election_transitions`). It holds:
+(:mod:`~dagster_slurm.state.election_transitions`, whose claim is a lease of
+:mod:`~dagster_slurm.state.lease`, built on these shapes as well). It holds:
 
 * what a transition returns: :class:`Change` (a patch to apply under the session lock),
   :class:`Refused` (why not), and :class:`Edge` (one edge of a state table, :data:`ANY` for

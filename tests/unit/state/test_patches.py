@@ -7,6 +7,7 @@ import ast
 from enum import Enum
 from pathlib import Path
 
+from dagster_slurm.state import lease
 from dagster_slurm.state import patches as pt
 from dagster_slurm.state.schema import SessionDocument
 
@@ -89,3 +90,11 @@ def test_check_owned_names_the_record_and_what_it_is_now() -> None:
     successor = pt.check_owned(doc, "x", "token", "t", record="successor")
     assert successor is not None and successor.reason.startswith("the successor is no longer")
 
+
+def test_lease_takeover_is_guarded_by_the_record_as_read_and_its_expiry() -> None:
+    previous = {"owner": "a", "expires_at": 5.0}
+    assert lease.take_guards("/election", None, takeover=False) == [pt.absent("/election")]
+    assert lease.take_guards("/election", previous, takeover=True) == [
+        pt.equals("/election", previous), lease.expired_guard("/election")]
+    assert lease.has_expired(None, 0.0) and lease.has_expired(5.0, 5.0)
+    assert not lease.has_expired(5.0, 4.9)
