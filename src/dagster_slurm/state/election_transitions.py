@@ -16,6 +16,14 @@ starts failed there. The elector:
    :func:`fail_election` when it did not start, which counts a failure of the candidate
    (an allocation that failed twice is passed over by the next election).
 
+The claim is a lease (:mod:`dagster_slurm.state.lease`) kept in the election record, whose
+owner field is ``claimed_by``: it is taken, renewed, checked and expired with the lease
+primitives (:func:`~dagster_slurm.state.lease.take_guards`,
+:func:`~dagster_slurm.state.lease.holder_guard`,
+:func:`~dagster_slurm.state.lease.unexpired_guard`, :func:`~dagster_slurm.state.lease.expiry`,
+:func:`~dagster_slurm.state.lease.has_expired`); the record adds the term, the candidate and
+the failure counts, and is released rather than removed (its term and counts stay).
+
 Guarantees: at most one unexpired claim (the claim is guarded by the election record
 exactly as read and, to take over, by its expiry at the store's clock); an elector that
 dies blocks the next election for at most :data:`CLAIM_TTL` seconds after its last
@@ -42,10 +50,25 @@ from enum import Enum
 from typing import Any
 
 from dagster_slurm.agent.remote.patch import make_pointer
+from dagster_slurm.state import lease
+from dagster_slurm.state.patches import (
+    HEAD,
+    Change,
+    Edge,
+    Op,
+    Outcome,
+    Patch,
+    Refused,
+    add,
+    add_now,
+    check_edge,
+    equals,
+    incr,
+    replace_head_ops,
+    setdefault,
+)
 from dagster_slurm.state.schema import Election, SessionDocument
-from dagster_slurm.state.successor_transitions import replace_head_ops
-from dagster_slurm.state.transitions import HEAD, Change, Edge, Outcome, Refused, closed_message
-from dagster_slurm.state.transitions import _edge as _head_edge
+from dagster_slurm.state.transitions import check_head_edge, closed_message
 
 ELECTION = "/election"
 
@@ -98,9 +121,7 @@ def claim_state(doc: SessionDocument | None, now: float) -> ClaimState:
     election = doc.election if doc is not None else None
     if election is None or election.claimed_by is None:
         return C.FREE
-    if election.expires_at is None or now >= election.expires_at:
-        return C.EXPIRED
-    return C.CLAIMED
+    return C.EXPIRED if lease.has_expired(election.expires_at, now) else C.CLAIMED
 
 
 def failures(doc: SessionDocument | None, job_id: str) -> int:
@@ -111,17 +132,12 @@ def failures(doc: SessionDocument | None, job_id: str) -> int:
 
 def _edge(doc: SessionDocument | None, name: str, now: float) -> Refused | None:
     state = claim_state(doc, now)
-    if (state, name) in ELECTION_TABLE:
-        return None
     election = doc.election if doc is not None else None
+    where = None
     if state is C.CLAIMED and election is not None:
         where = (f"claimed by {election.claimed_by} for term {election.term} until "
                  f"{election.expires_at:.0f} (epoch seconds)")
-    else:
-        where = state.value
-    sources = sorted(e.source.value for e in ELECTION_TRANSITIONS if e.name == name)
-    return Refused(name, f"the election is {where}; {name} applies only when it is "
-                         f"{' or '.join(sources)}")
+    return check_edge(ELECTION_TRANSITIONS, state, name, "the election", where)
 
 
 def _raw(doc: SessionDocument) -> dict[str, Any]:
@@ -145,31 +161,28 @@ def claim_election(doc: SessionDocument | None, *, owner: str, candidate: str | 
     if refused is not None:
         return refused
     election = doc.election
-    patch: list[Mapping[str, Any]] = []
-    if election is None:
-        patch.append({"op": "absent", "path": ELECTION})
-        term, counts = 1, {}
-    else:
-        patch.append({"op": "test", "path": ELECTION, "value": _raw(doc)})
+    takeover = claim_state(doc, now) is C.EXPIRED
+    term, counts = 1, {}
+    if election is not None:
         term, counts = election.term + 1, dict(election.failures)
-        if claim_state(doc, now) is C.EXPIRED:
-            patch.append({"op": "test", "path": f"{ELECTION}/expires_at", "cmp": "le",
-                          "value_now": 0})
-            if election.candidate is not None:
-                counts[election.candidate] = counts.get(election.candidate, 0) + 1
+        if takeover and election.candidate is not None:
+            counts[election.candidate] = counts.get(election.candidate, 0) + 1
+    guards = lease.take_guards(ELECTION, None if election is None else _raw(doc),
+                               takeover=takeover)
     value = Election(term=term, candidate=candidate, claimed_by=owner,
                      failures=counts).model_dump(mode="json")
     return Change(name, (
-        *patch,
-        {"op": "add", "path": ELECTION, "value": value},
-        {"op": "add", "path": f"{ELECTION}/started_at", "value_now": 0},
-        {"op": "add", "path": f"{ELECTION}/expires_at", "value_now": ttl},
+        *guards,
+        add(ELECTION, value),
+        add_now(f"{ELECTION}/started_at"),
+        lease.expiry(ELECTION, ttl),
     ))
 
 
-def _holds(owner: str, term: int) -> tuple[Mapping[str, Any], ...]:
-    return ({"op": "test", "path": f"{ELECTION}/claimed_by", "value": owner},
-            {"op": "test", "path": f"{ELECTION}/term", "value": term})
+def _holds(owner: str, term: int) -> Patch:
+    """Guards: ``owner`` holds the claim of ``term`` (expired or not)."""
+    return (lease.holder_guard(ELECTION, owner, "claimed_by"),
+            equals(f"{ELECTION}/term", term))
 
 
 def _owned(doc: SessionDocument | None, name: str, owner: str, term: int,
@@ -185,10 +198,6 @@ def _owned(doc: SessionDocument | None, name: str, owner: str, term: int,
     return _edge(doc, name, now)
 
 
-def _unexpired() -> Mapping[str, Any]:
-    return {"op": "test", "path": f"{ELECTION}/expires_at", "cmp": "gt", "value_now": 0}
-
-
 def renew_election(doc: SessionDocument | None, *, owner: str, term: int, now: float,
                    ttl: float = CLAIM_TTL) -> Outcome:
     """CLAIMED -> CLAIMED: ``owner`` still elects for ``term``: the claim holds until
@@ -197,13 +206,13 @@ def renew_election(doc: SessionDocument | None, *, owner: str, term: int, now: f
     refused = _owned(doc, name, owner, term, now)
     if refused is not None:
         return refused
-    return Change(name, (*_holds(owner, term), _unexpired(),
-                         {"op": "add", "path": f"{ELECTION}/expires_at", "value_now": ttl}))
+    return Change(name, (*_holds(owner, term), lease.unexpired_guard(ELECTION),
+                         lease.expiry(ELECTION, ttl)))
 
 
-def _release() -> tuple[Mapping[str, Any], ...]:
-    return ({"op": "add", "path": f"{ELECTION}/claimed_by", "value": None},
-            {"op": "add", "path": f"{ELECTION}/expires_at", "value": None})
+def _release() -> Patch:
+    """The claim is released: no holder, no expiry (the term and counts stay)."""
+    return (add(f"{ELECTION}/claimed_by", None), add(f"{ELECTION}/expires_at", None))
 
 
 def complete_election(doc: SessionDocument | None, *, owner: str, term: int,
@@ -214,7 +223,7 @@ def complete_election(doc: SessionDocument | None, *, owner: str, term: int,
     refused = _owned(doc, name, owner, term, now)
     if refused is not None:
         return refused
-    return Change(name, (*_holds(owner, term), _unexpired(), *_release()))
+    return Change(name, (*_holds(owner, term), lease.unexpired_guard(ELECTION), *_release()))
 
 
 def fail_election(doc: SessionDocument | None, *, owner: str, term: int,
@@ -227,11 +236,10 @@ def fail_election(doc: SessionDocument | None, *, owner: str, term: int,
         return refused
     assert doc is not None and doc.election is not None
     candidate = doc.election.candidate
-    count: tuple[Mapping[str, Any], ...] = ()
+    count: Patch = ()
     if candidate is not None:
-        count = ({"op": "setdefault", "path": f"{ELECTION}/failures", "value": {}},
-                 {"op": "incr", "path": make_pointer("election", "failures", candidate),
-                  "value": 1})
+        count = (setdefault(f"{ELECTION}/failures", {}),
+                 incr(make_pointer("election", "failures", candidate), 1))
     return Change(name, (*_holds(owner, term), *count, *_release()))
 
 
@@ -258,22 +266,16 @@ def install_elected_head(doc: SessionDocument | None, *, owner: str, term: int, 
         return Refused(name, f"term {term} elects {doc.election.candidate!r}, not job {job_id}")
     if record is None or record.released or record.drain_deadline is not None:
         return Refused(name, f"job {job_id} is no longer a live, undrained worker allocation")
-    refused = _head_edge(doc, name)
+    refused = check_head_edge(doc, name)
     if refused is not None:
         return refused
     worker = make_pointer("workers", job_id)
     raw_worker = doc.model_dump(mode="json", exclude_unset=True)["workers"][job_id]
-    patch: list[Mapping[str, Any]] = [*_holds(owner, term), _unexpired(),
-                                      {"op": "test", "path": worker, "value": raw_worker}]
+    patch: list[Op] = [*_holds(owner, term), lease.unexpired_guard(ELECTION),
+                       equals(worker, raw_worker), *replace_head_ops(doc)]
     predecessor = doc.allocation
-    patch += replace_head_ops(doc)
     head = {"kind": WORKER_HEAD_KIND, "job_id": job_id, "token": record.token,
             "status": "submitted", "config": dict(record.config), "nodes": list(nodes),
             "ray_address": ray_address, "submitted_at": record.submitted_at,
             "promoted_from": predecessor.job_id if predecessor is not None else None}
-    return Change(name, (
-        *patch,
-        {"op": "add", "path": HEAD, "value": head},
-        {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
-        *_release(),
-    ))
+    return Change(name, (*patch, add(HEAD, head), add_now(f"{HEAD}/ready_at"), *_release()))

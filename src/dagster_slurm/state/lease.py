@@ -24,6 +24,12 @@ Guarantees:
 Non-guarantees: no fairness between contenders; a holder paused past ``valid_until`` that
 keeps acting breaks exclusivity, so check :meth:`LeaseGrant.still_valid` before each
 exclusive action. Owner ids must be unique per process (:func:`new_owner_id`).
+
+The lease primitives — :func:`take_guards`, :func:`holder_guard`, :func:`expired_guard`,
+:func:`unexpired_guard`, :func:`expiry` and :func:`has_expired` — work on any record with an
+owner field and an ``expires_at``: the patches here use them on ``/leases/<name>``, and the
+head election's claim (:mod:`dagster_slurm.state.election_transitions`) on ``/election``,
+whose owner field is ``claimed_by``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from dagster_slurm.agent.remote.patch import json_equal, make_pointer
+from dagster_slurm.state.patches import (
+    absent,
+    add,
+    add_now,
+    compare_now,
+    equals,
+    remove,
+    replace_now,
+    setdefault,
+)
 from dagster_slurm.state.schema import Lease
 from dagster_slurm.state.store import StateStore
 
@@ -70,10 +86,51 @@ def new_owner_id(host: str | None = None, pid: int | None = None) -> str:
 
 
 def lease_pointer(name: str) -> str:
-    """The JSON pointer of lease ``name`` in the session document."""
+    """The pointer of lease ``name`` in its document (``/leases/<name>``, escaped)."""
     return make_pointer("leases", name)
 
 
+# -- the lease primitives ------------------------------------------------------------------------
+def has_expired(expires_at: float | None, now: float) -> bool:
+    """True once ``now`` (the store's clock) reaches ``expires_at``; the boundary counts as
+    expired, and so does a record without an expiry."""
+    return expires_at is None or now >= expires_at
+
+
+def take_guards(pointer: str, previous: Mapping[str, Any] | None, *,
+                takeover: bool) -> list[dict[str, Any]]:
+    """Guards of taking the lease-like record at ``pointer``: it is still exactly
+    ``previous`` as read (None: there is none), and, when ``takeover`` (another holder's
+    record), expired at the store's clock at commit."""
+    if previous is None:
+        return [absent(pointer)]
+    guards = [equals(pointer, dict(previous))]
+    if takeover:
+        guards.append(expired_guard(pointer))
+    return guards
+
+
+def holder_guard(pointer: str, owner: str, field: str = "owner") -> dict[str, Any]:
+    """Guard: the record at ``pointer`` is held by ``owner`` (its ``field``)."""
+    return equals(f"{pointer}/{field}", owner)
+
+
+def expired_guard(pointer: str) -> dict[str, Any]:
+    """Guard: the record at ``pointer`` expired at the store's clock at commit."""
+    return compare_now(pointer + "/expires_at", "le")
+
+
+def unexpired_guard(pointer: str) -> dict[str, Any]:
+    """Guard: the record at ``pointer`` has not expired at the store's clock at commit."""
+    return compare_now(pointer + "/expires_at", "gt")
+
+
+def expiry(pointer: str, ttl: float) -> dict[str, Any]:
+    """Set the record's ``expires_at`` to ``ttl`` seconds from the store's clock."""
+    return add_now(pointer + "/expires_at", ttl)
+
+
+# -- the patches of a named lease ----------------------------------------------------------------
 def acquire_patch(
     name: str, owner: str, ttl: float, previous: Mapping[str, Any] | None
 ) -> list[dict[str, Any]]:
@@ -82,23 +139,14 @@ def acquire_patch(
     Taking another owner's lease also requires it to be expired at the store's clock.
     """
     pointer = lease_pointer(name)
-    if previous is None:
-        guard = [
-            {"op": "setdefault", "path": "/leases", "value": {}},
-            {"op": "absent", "path": pointer},
-        ]
-    else:
-        guard = [{"op": "test", "path": pointer, "value": dict(previous)}]
-        lease = _parse(previous)
-        if lease is not None and lease.owner != owner:
-            guard.append(
-                {"op": "test", "path": pointer + "/expires_at", "cmp": "le", "value_now": 0}
-            )
-    return guard + [
-        {"op": "add", "path": pointer, "value": {"owner": owner, "ttl": ttl}},
-        {"op": "add", "path": pointer + "/acquired_at", "value_now": 0},
-        {"op": "add", "path": pointer + "/renewed_at", "value_now": 0},
-        {"op": "add", "path": pointer + "/expires_at", "value_now": ttl},
+    lease = _parse(previous)
+    parent = [setdefault("/leases", {})] if previous is None else []
+    guards = take_guards(pointer, previous, takeover=lease is not None and lease.owner != owner)
+    return parent + guards + [
+        add(pointer, {"owner": owner, "ttl": ttl}),
+        add_now(pointer + "/acquired_at"),
+        add_now(pointer + "/renewed_at"),
+        expiry(pointer, ttl),
     ]
 
 
@@ -106,28 +154,25 @@ def renew_patch(name: str, owner: str, ttl: float) -> list[dict[str, Any]]:
     """Extend the lease to ``now + ttl`` if ``owner`` holds it and it has not expired."""
     pointer = lease_pointer(name)
     return [
-        {"op": "test", "path": pointer + "/owner", "value": owner},
-        {"op": "test", "path": pointer + "/expires_at", "cmp": "gt", "value_now": 0},
-        {"op": "replace", "path": pointer + "/renewed_at", "value_now": 0},
-        {"op": "replace", "path": pointer + "/expires_at", "value_now": ttl},
-        {"op": "add", "path": pointer + "/ttl", "value": ttl},
+        holder_guard(pointer, owner),
+        unexpired_guard(pointer),
+        replace_now(pointer + "/renewed_at"),
+        replace_now(pointer + "/expires_at", ttl),
+        add(pointer + "/ttl", ttl),
     ]
 
 
 def release_patch(name: str, owner: str) -> list[dict[str, Any]]:
     """Remove the lease if ``owner`` holds it (expired or not)."""
     pointer = lease_pointer(name)
-    return [
-        {"op": "test", "path": pointer + "/owner", "value": owner},
-        {"op": "remove", "path": pointer},
-    ]
+    return [holder_guard(pointer, owner), remove(pointer)]
 
 
 def fence_patch(name: str, owner: str) -> list[dict[str, Any]]:
     """The guard of a write made under the lease: it applies only while ``owner`` still
     holds it (a holder that stalled past its lease, the lease taken over meanwhile, writes
     nothing)."""
-    return [{"op": "test", "path": lease_pointer(name) + "/owner", "value": owner}]
+    return [holder_guard(lease_pointer(name), owner)]
 
 
 def current_holder(doc: Mapping[str, Any] | None, name: str, now: float) -> Lease | None:

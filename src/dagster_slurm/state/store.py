@@ -46,6 +46,7 @@ from dagster_slurm.agent.remote.common import OpError
 from dagster_slurm.agent.remote.document import document_version, transact_document
 from dagster_slurm.agent.remote.patch import PatchConflict, PatchError
 from dagster_slurm.agent.results import TxnResult
+from dagster_slurm.state.patches import equals, replace
 from dagster_slurm.state.schema import SCHEMA_VERSION
 
 Patch = Sequence[Mapping[str, Any]]
@@ -80,12 +81,7 @@ class StateStore(ABC):
 
     def save(self, doc: Mapping[str, Any], expected_version: int) -> TxnResult:
         """Replace the whole document if its version is still ``expected_version``."""
-        return self.transact(
-            [
-                {"op": "test", "path": "/version", "value": expected_version},
-                {"op": "replace", "path": "", "value": dict(doc)},
-            ]
-        )
+        return self.transact([equals("/version", expected_version), replace("", dict(doc))])
 
 
 class AgentStateStore(StateStore):

@@ -3,7 +3,7 @@
 Part of the one table of :mod:`dagster_slurm.state.transitions` (its ``TRANSITIONS`` lists
 these edges too); kept in a module of their own so that each stays small. The same rules
 apply: pure functions ``(doc, inputs) -> Change | Refused``, every patch guarded by what its
-decision relied on.
+decision relied on, built from :mod:`dagster_slurm.state.patches`.
 
 The successor record (``/successor``) is written like the head's: the agent's ``submit``
 operation records it under the lock right before sbatch (:func:`submit_successor` returns
@@ -19,29 +19,35 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster_slurm.agent.remote.patch import make_pointer
-from dagster_slurm.state.schema import Allocation, SessionDocument
-from dagster_slurm.state.transitions import (
+from dagster_slurm.state.patches import (
     HEAD,
     SUBMIT_GUARDS,
+    SUCCESSOR,
     Change,
+    Op,
     Outcome,
     Patch,
     Refused,
-    _describe,
-    _edge,
-    _owns,
-    _submitted,
-    closed_message,
-    head_state,
+    absent,
+    add,
+    add_now,
+    check_owned,
+    equals,
+    history_entry,
+    remove,
+    replace_head_ops,
     sbatch_answered_ops,
     sbatch_failed_ops,
+    submitted_guards,
+    to_history,
 )
-
-SUCCESSOR = "/successor"
-
-#: ``final_state`` of a head record replaced by a promoted successor.
-REPLACED_STATE = "REPLACED"
+from dagster_slurm.state.schema import Allocation, SessionDocument
+from dagster_slurm.state.transitions import (
+    check_head_edge,
+    closed_message,
+    describe_head,
+    head_state,
+)
 
 
 def successor_submission_record(config: Mapping[str, Any], predecessor: str) -> dict[str, Any]:
@@ -54,7 +60,7 @@ def successor_guards(predecessor: str) -> Patch:
     """What must hold when the successor's token is recorded: the session is open and its
     head is still job ``predecessor`` (the agent's submit operation checks it under the
     lock; it adds the absence of ``/successor`` itself)."""
-    return (*SUBMIT_GUARDS, *_submitted(predecessor))
+    return (*SUBMIT_GUARDS, *submitted_guards(predecessor))
 
 
 def submit_successor(doc: SessionDocument | None, *, token: str, config: Mapping[str, Any],
@@ -67,16 +73,16 @@ def submit_successor(doc: SessionDocument | None, *, token: str, config: Mapping
         return Refused(name, closed_message(doc, job_name))
     if doc is not None and doc.successor is not None:
         return Refused(name, outstanding_message(doc.successor))
-    refused = _owns(doc, name, "job_id", predecessor) or _edge(doc, name)
+    refused = check_owned(doc, name, "job_id", predecessor) or check_head_edge(doc, name)
     if refused is not None:
         return refused
     value = dict(successor_submission_record(config, predecessor), token=token,
                  status="submitting")
     return Change(name, (
         *successor_guards(predecessor),
-        {"op": "absent", "path": SUCCESSOR},
-        {"op": "add", "path": SUCCESSOR, "value": value},
-        {"op": "add", "path": f"{SUCCESSOR}/submitted_at", "value_now": 0},
+        absent(SUCCESSOR),
+        add(SUCCESSOR, value),
+        add_now(f"{SUCCESSOR}/submitted_at"),
     ))
 
 
@@ -88,22 +94,10 @@ def outstanding_message(record: Allocation) -> str:
             "submitting another")
 
 
-def _successor_is(doc: SessionDocument | None, name: str, key: str,
-                  value: str) -> Refused | None:
-    if doc is None:
-        return None
-    record = doc.successor
-    if record is None or getattr(record, key) != value:
-        current = "absent" if record is None else f"{key} {getattr(record, key)!r}"
-        return Refused(name, f"the successor is no longer the one with {key} {value!r} "
-                             f"(now {current})")
-    return None
-
-
 def successor_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
                         rc: int | None = 0) -> Outcome:
     """The successor's sbatch answered ``job_id`` for ``token``."""
-    refused = _successor_is(doc, "successor_submitted", "token", token)
+    refused = check_owned(doc, "successor_submitted", "token", token, record="successor")
     if refused is not None:
         return refused
     return Change("successor_submitted", sbatch_answered_ops(SUCCESSOR, token, job_id, rc))
@@ -112,37 +106,11 @@ def successor_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
 def successor_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
                             rc: int | None = None, in_doubt: bool = False) -> Outcome:
     """The successor's sbatch refused the job (``failed``) or did not answer (``unknown``)."""
-    refused = _successor_is(doc, "successor_submit_failed", "token", token)
+    refused = check_owned(doc, "successor_submit_failed", "token", token, record="successor")
     if refused is not None:
         return refused
     return Change("successor_submit_failed",
                   sbatch_failed_ops(SUCCESSOR, token, error, rc, in_doubt))
-
-
-def _history_entry(doc: SessionDocument, pointer: str, final_state: str | None) -> tuple[
-        dict[str, Any], str, dict[str, Any]]:
-    """``(raw record as read, history name, history entry)`` of the record at ``pointer``."""
-    key = pointer.strip("/")
-    raw = doc.model_dump(mode="json", exclude_unset=True)[key]
-    record = doc.model_dump(mode="json")[key]
-    return raw, str(record.get("job_id") or record.get("token")), dict(
-        record, final_state=final_state)
-
-
-def replace_head_ops(doc: SessionDocument) -> list[Mapping[str, Any]]:
-    """Patch operations retiring the head record so that another allocation can take its
-    place: the head, unchanged since ``doc`` was read, goes to the history as ``REPLACED``
-    (stamped ``ended_at``); without a head record, none may have appeared meanwhile."""
-    if doc.allocation is None:
-        return [{"op": "absent", "path": HEAD}]
-    raw, history_name, entry = _history_entry(doc, HEAD, REPLACED_STATE)
-    return [
-        {"op": "test", "path": HEAD, "value": raw},
-        {"op": "setdefault", "path": "/history", "value": {}},
-        {"op": "add", "path": make_pointer("history", history_name), "value": entry},
-        {"op": "add", "path": make_pointer("history", history_name, "ended_at"),
-         "value_now": 0},
-    ]
 
 
 def retire_successor(doc: SessionDocument | None, *, token: str,
@@ -151,17 +119,14 @@ def retire_successor(doc: SessionDocument | None, *, token: str,
     promotion) to ``/history`` with ``final_state``. Needs the document."""
     if doc is None:
         return Refused("retire_successor", "the session document was not read; read it and retry")
-    refused = _successor_is(doc, "retire_successor", "token", token)
+    refused = check_owned(doc, "retire_successor", "token", token, record="successor")
     if refused is not None:
         return refused
-    raw, name, entry = _history_entry(doc, SUCCESSOR, final_state)
+    raw, name, entry = history_entry(doc, SUCCESSOR, final_state)
     return Change("retire_successor", (
-        {"op": "test", "path": SUCCESSOR, "value": raw},
-        {"op": "setdefault", "path": "/history", "value": {}},
-        {"op": "absent", "path": make_pointer("history", name)},
-        {"op": "add", "path": make_pointer("history", name), "value": entry},
-        {"op": "add", "path": make_pointer("history", name, "ended_at"), "value_now": 0},
-        {"op": "remove", "path": SUCCESSOR},
+        equals(SUCCESSOR, raw),
+        *to_history(name, entry, exclusive=True),
+        remove(SUCCESSOR),
     ))
 
 
@@ -177,26 +142,20 @@ def promote_successor(doc: SessionDocument | None, *, job_id: str, predecessor: 
         return Refused(name, "the session document was not read; read it and retry")
     if doc.closed:
         return Refused(name, closed_message(doc))
-    refused = _successor_is(doc, name, "job_id", job_id)
+    refused = check_owned(doc, name, "job_id", job_id, record="successor")
     if refused is None and doc.successor is not None and doc.successor.status != "submitted":
         refused = Refused(name, f"the successor's submission is {doc.successor.status}")
     if refused is None and predecessor is None and doc.allocation is not None:
         refused = Refused(name, "the session has a head allocation again "
-                                f"({_describe(doc.allocation, head_state(doc))})")
+                                f"({describe_head(doc.allocation, head_state(doc))})")
     if refused is None and predecessor is not None:
-        refused = _owns(doc, name, "job_id", predecessor)
-    refused = refused or _edge(doc, name)
+        refused = check_owned(doc, name, "job_id", predecessor)
+    refused = refused or check_head_edge(doc, name)
     if refused is not None:
         return refused
-    successor_raw, _, _ = _history_entry(doc, SUCCESSOR, None)
-    patch: list[Mapping[str, Any]] = [{"op": "test", "path": SUCCESSOR, "value": successor_raw}]
-    patch += replace_head_ops(doc)
+    successor_raw, _, _ = history_entry(doc, SUCCESSOR, None)
+    patch: list[Op] = [equals(SUCCESSOR, successor_raw), *replace_head_ops(doc)]
     head = dict(doc.model_dump(mode="json")["successor"], kind="head", nodes=list(nodes),
                 ray_address=ray_address, promoted_from=predecessor)
     head.pop("drain_requested_at", None)
-    patch += [
-        {"op": "add", "path": HEAD, "value": head},
-        {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
-        {"op": "remove", "path": SUCCESSOR},
-    ]
-    return Change(name, tuple(patch))
+    return Change(name, (*patch, add(HEAD, head), add_now(f"{HEAD}/ready_at"), remove(SUCCESSOR)))

@@ -15,12 +15,13 @@ a caller that did not read the document (``doc=None``: the step launch and the d
 which must stay one round trip) gets the same check, made under the lock.
 
 This module and :mod:`dagster_slurm.state.successor_transitions` (the successor's
-transitions, listed in the same table) are the only places that write patches of the head
+transitions, listed in the same table) are the only places that decide patches of the head
 and successor records; :mod:`dagster_slurm.state.election_transitions` adds the head edge
 ``install_elected_head`` (a worker allocation becomes the head), and
-:mod:`dagster_slurm.state.worker_transitions` writes the worker records. The agent's ``submit``
-operation writes the head's submission record itself (it must happen under the lock right
-before sbatch); :func:`submit_head` returns the same patch, and
+:mod:`dagster_slurm.state.worker_transitions` writes the worker records. All of them build
+their operations, guards and checks with :mod:`dagster_slurm.state.patches`. The agent's
+``submit`` operation writes the head's submission record itself (it must happen under the
+lock right before sbatch); :func:`submit_head` returns the same patch, and
 :func:`head_submission_record` the value the session passes to that operation, so the fakes
 used in unit tests and the agent agree (a unit test compares them).
 
@@ -46,14 +47,34 @@ ends before promotion (``retire_successor``) and moved to ``/allocation`` by
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from dagster_slurm.agent.remote.patch import make_pointer
+# Change, Refused, Outcome, Edge, HEAD and SUBMIT_GUARDS are defined in the patch builder;
+# the session also reaches them as ``transitions.<name>``.
+from dagster_slurm.state.patches import (
+    ANY,
+    HEAD,
+    SUBMIT_GUARDS,
+    Change,
+    Edge,
+    Outcome,
+    Refused,
+    absent,
+    add,
+    add_now,
+    check_edge,
+    check_owned,
+    equals,
+    history_entry,
+    remove,
+    sbatch_answered_ops,
+    sbatch_failed_ops,
+    submitted_guards,
+    submitting_guards,
+    to_history,
+)
 from dagster_slurm.state.schema import Allocation, SessionDocument
-
-Patch = tuple[Mapping[str, Any], ...]
 
 
 class HeadState(str, Enum):
@@ -76,23 +97,6 @@ class HeadState(str, Enum):
     UNRECOGNIZED = "unrecognized"
     """A status this library does not know (written by a newer one): never acted upon,
     except by ``retire``."""
-
-
-S = TypeVar("S")
-
-ANY = "*"
-"""In :data:`TRANSITIONS`: a session-wide transition allowed in every state, which keeps it."""
-
-
-@dataclass(frozen=True)
-class Edge(Generic[S]):
-    """One allowed transition of a state table: from ``source``, ``name`` leads to
-    ``target`` (the head's table here; the worker and election tables use it too)."""
-
-    source: S
-    name: str
-    target: S
-    why: str
 
 
 TRANSITIONS: tuple[Edge[HeadState | str], ...] = (
@@ -184,28 +188,6 @@ _STATUS = {
 }
 
 
-@dataclass(frozen=True)
-class Change:
-    """A decided transition: apply ``patch`` under the session lock (guards first)."""
-
-    transition: str
-    patch: Patch
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A transition that does not apply to the document, and why (for the user)."""
-
-    transition: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.transition} refused: {self.reason}"
-
-
-Outcome = Change | Refused
-
-
 def document(raw: Mapping[str, Any] | None, job_name: str = "") -> SessionDocument | None:
     """The typed form of a raw document (None when it does not exist yet)."""
     if raw is None:
@@ -237,21 +219,19 @@ def allowed(state: HeadState, name: str) -> HeadState | str | None:
     return target
 
 
-def _edge(doc: SessionDocument | None, name: str) -> Refused | None:
-    """Refused when the table has no edge ``name`` from ``doc``'s head state (None: go on).
-    Without a document (the caller did not read it) only the patch's guards decide."""
+def check_head_edge(doc: SessionDocument | None, name: str) -> Refused | None:
+    """Refused when :data:`TRANSITIONS` has no edge ``name`` from ``doc``'s head state (None:
+    go on). Without a document (the caller did not read it) only the patch's guards
+    decide."""
     if doc is None:
         return None
     state = head_state(doc)
-    if allowed(state, name) is not None:
-        return None
-    sources = sorted(str(e.source.value if isinstance(e.source, HeadState) else e.source)
-                     for e in TRANSITIONS if e.name == name)
-    return Refused(name, f"the head allocation is {_describe(doc.allocation, state)}; "
-                         f"{name} applies only when it is {' or '.join(sources)}")
+    return check_edge(TRANSITIONS, state, name, "the head allocation",
+                      describe_head(doc.allocation, state))
 
 
-def _describe(record: Allocation | None, state: HeadState) -> str:
+def describe_head(record: Allocation | None, state: HeadState) -> str:
+    """The head record in the user's words: its state and job id (or token)."""
     if record is None:
         return "absent"
     job = f" (job {record.job_id})" if record.job_id else f" (token {record.token})"
@@ -260,18 +240,10 @@ def _describe(record: Allocation | None, state: HeadState) -> str:
 
 
 # -- head allocation ----------------------------------------------------------------------------
-HEAD = "/allocation"
-
-
 def head_submission_record(config: Mapping[str, Any]) -> dict[str, Any]:
     """The fields the session adds to the head's submission record (``record_value`` of the
     agent's submit operation; the agent adds ``token``, ``status`` and ``submitted_at``)."""
     return {"kind": "head", "config": dict(config)}
-
-
-SUBMIT_GUARDS: Patch = ({"op": "absent", "path": "/closed_at"},)
-"""What must hold when the head's token is recorded: the session is not closed (passed to
-the agent's submit operation, which checks it under the same lock)."""
 
 
 def submit_head(doc: SessionDocument | None, *, token: str, config: Mapping[str, Any],
@@ -280,15 +252,15 @@ def submit_head(doc: SessionDocument | None, *, token: str, config: Mapping[str,
     is closed or already has a head record (the caller then waits for that one)."""
     if doc is not None and doc.closed:
         return Refused("submit_head", closed_message(doc, job_name))
-    refused = _edge(doc, "submit_head")
+    refused = check_head_edge(doc, "submit_head")
     if refused is not None:
         return refused
     value = dict(head_submission_record(config), token=token, status="submitting")
     return Change("submit_head", (
         *SUBMIT_GUARDS,
-        {"op": "absent", "path": HEAD},
-        {"op": "add", "path": HEAD, "value": value},
-        {"op": "add", "path": f"{HEAD}/submitted_at", "value_now": 0},
+        absent(HEAD),
+        add(HEAD, value),
+        add_now(f"{HEAD}/submitted_at"),
     ))
 
 
@@ -300,70 +272,21 @@ def closed_message(doc: SessionDocument, job_name: str = "") -> str:
             "allocation); no new allocation is submitted for it")
 
 
-def _submitting(token: str) -> Patch:
-    """Guards: the head record is ``token``'s and still SUBMITTING."""
-    return ({"op": "test", "path": f"{HEAD}/token", "value": token},
-            {"op": "test", "path": f"{HEAD}/status", "value": "submitting"})
-
-
-def sbatch_answered_ops(pointer: str, token: str | None, job_id: str, rc: int | None) -> Patch:
-    """The record at ``pointer`` (a head, successor or worker submission; ``token``'s when
-    given), still SUBMITTING, becomes SUBMITTED as job ``job_id`` with sbatch's ``rc``."""
-    guard = () if token is None else ({"op": "test", "path": f"{pointer}/token", "value": token},)
-    return (*guard,
-            {"op": "test", "path": f"{pointer}/status", "value": "submitting"},
-            {"op": "add", "path": f"{pointer}/status", "value": "submitted"},
-            {"op": "add", "path": f"{pointer}/job_id", "value": job_id},
-            {"op": "add", "path": f"{pointer}/rc", "value": rc},
-            {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0})
-
-
-def sbatch_failed_ops(pointer: str, token: str | None, error: str, rc: int | None,
-                      in_doubt: bool) -> Patch:
-    """The record at ``pointer`` (``token``'s when given), still SUBMITTING, becomes
-    ``failed`` (sbatch refused) or ``unknown`` (``in_doubt``: sbatch did not answer), keeping
-    sbatch's ``rc`` and the end of its message."""
-    guard = () if token is None else ({"op": "test", "path": f"{pointer}/token", "value": token},)
-    return (*guard,
-            {"op": "test", "path": f"{pointer}/status", "value": "submitting"},
-            {"op": "add", "path": f"{pointer}/status", "value": "unknown" if in_doubt else "failed"},
-            {"op": "add", "path": f"{pointer}/rc", "value": rc},
-            {"op": "add", "path": f"{pointer}/error", "value": error[-2000:]},
-            {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0})
-
-
-def _submitted(job_id: str) -> Patch:
-    """Guards: the head record is job ``job_id``'s (SUBMITTED, READY or DRAINING)."""
-    return ({"op": "test", "path": f"{HEAD}/job_id", "value": job_id},
-            {"op": "test", "path": f"{HEAD}/status", "value": "submitted"})
-
-
-def _owns(doc: SessionDocument | None, name: str, key: str, value: str) -> Refused | None:
-    """Refused unless ``doc``'s head record has ``key`` == ``value`` (None: go on)."""
-    if doc is None:
-        return None
-    record = doc.allocation
-    if record is None or getattr(record, key) != value:
-        current = "absent" if record is None else f"{key} {getattr(record, key)!r}"
-        return Refused(name, f"the head allocation is no longer the one with {key} {value!r} "
-                             f"(now {current})")
-    return None
-
-
 def head_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
                    rc: int | None = 0) -> Outcome:
     """SUBMITTING -> SUBMITTED: sbatch answered ``job_id`` for ``token``."""
-    refused = _owns(doc, "head_submitted", "token", token) or _edge(doc, "head_submitted")
+    name = "head_submitted"
+    refused = check_owned(doc, name, "token", token) or check_head_edge(doc, name)
     if refused is not None:
         return refused
-    return Change("head_submitted", sbatch_answered_ops(HEAD, token, job_id, rc))
+    return Change(name, sbatch_answered_ops(HEAD, token, job_id, rc))
 
 
 def head_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
                        rc: int | None = None, in_doubt: bool = False) -> Outcome:
     """SUBMITTING -> FAILED (sbatch refused) or IN_DOUBT (sbatch did not answer)."""
     name = "head_submit_in_doubt" if in_doubt else "head_submit_failed"
-    refused = _owns(doc, name, "token", token) or _edge(doc, name)
+    refused = check_owned(doc, name, "token", token) or check_head_edge(doc, name)
     if refused is not None:
         return refused
     return Change(name, sbatch_failed_ops(HEAD, token, error, rc, in_doubt))
@@ -371,49 +294,50 @@ def head_submit_failed(doc: SessionDocument | None, *, token: str, error: str,
 
 def settle_found(doc: SessionDocument | None, *, token: str, job_id: str) -> Outcome:
     """SUBMITTING -> SUBMITTED: a vanished submitter's job, found by its token in squeue."""
-    refused = _owns(doc, "settle_found", "token", token) or _edge(doc, "settle_found")
+    name = "settle_found"
+    refused = check_owned(doc, name, "token", token) or check_head_edge(doc, name)
     if refused is not None:
         return refused
-    return Change("settle_found", (
-        *_submitting(token),
-        {"op": "add", "path": f"{HEAD}/status", "value": "submitted"},
-        {"op": "add", "path": f"{HEAD}/job_id", "value": job_id},
+    return Change(name, (
+        *submitting_guards(HEAD, token),
+        add(f"{HEAD}/status", "submitted"),
+        add(f"{HEAD}/job_id", job_id),
     ))
 
 
 def record_ready(doc: SessionDocument | None, *, job_id: str, nodes: Sequence[str],
                  ray_address: str | None) -> Outcome:
     """SUBMITTED -> READY: the step server accepts steps on ``nodes`` (head first)."""
-    refused = _owns(doc, "record_ready", "job_id", job_id) or _edge(doc, "record_ready")
+    name = "record_ready"
+    refused = check_owned(doc, name, "job_id", job_id) or check_head_edge(doc, name)
     if refused is not None:
         return refused
-    return Change("record_ready", (
-        *_submitted(job_id),
-        {"op": "absent", "path": f"{HEAD}/ready_at"},
-        {"op": "absent", "path": f"{HEAD}/drain_requested_at"},
-        {"op": "add", "path": f"{HEAD}/nodes", "value": list(nodes)},
-        {"op": "add", "path": f"{HEAD}/ray_address", "value": ray_address},
-        {"op": "add", "path": f"{HEAD}/ready_at", "value_now": 0},
+    return Change(name, (
+        *submitted_guards(job_id),
+        absent(f"{HEAD}/ready_at"),
+        absent(f"{HEAD}/drain_requested_at"),
+        add(f"{HEAD}/nodes", list(nodes)),
+        add(f"{HEAD}/ray_address", ray_address),
+        add_now(f"{HEAD}/ready_at"),
     ))
 
 
 def launch_step(doc: SessionDocument | None, *, job_id: str) -> Outcome:
     """A step is requested in ``job_id``: the guard that it is still the head (no write)."""
-    refused = _owns(doc, "launch_step", "job_id", job_id) or _edge(doc, "launch_step")
+    name = "launch_step"
+    refused = check_owned(doc, name, "job_id", job_id) or check_head_edge(doc, name)
     if refused is not None:
         return refused
-    return Change("launch_step", _submitted(job_id))
+    return Change(name, submitted_guards(job_id))
 
 
 def request_drain(doc: SessionDocument | None, *, job_id: str) -> Outcome:
     """SUBMITTED/READY/DRAINING -> DRAINING: record when the drain was requested."""
-    refused = _owns(doc, "request_drain", "job_id", job_id) or _edge(doc, "request_drain")
+    name = "request_drain"
+    refused = check_owned(doc, name, "job_id", job_id) or check_head_edge(doc, name)
     if refused is not None:
         return refused
-    return Change("request_drain", (
-        *_submitted(job_id),
-        {"op": "add", "path": f"{HEAD}/drain_requested_at", "value_now": 0},
-    ))
+    return Change(name, (*submitted_guards(job_id), add_now(f"{HEAD}/drain_requested_at")))
 
 
 def retire(doc: SessionDocument | None, *, key: str, value: str,
@@ -425,20 +349,15 @@ def retire(doc: SessionDocument | None, *, key: str, value: str,
         raise ValueError(f"retire by {key!r}: use 'job_id' or 'token'")
     if doc is None:
         return Refused("retire", "the session document was not read; read it and retry")
-    refused = _owns(doc, "retire", key, value) or _edge(doc, "retire")
+    refused = check_owned(doc, "retire", key, value) or check_head_edge(doc, "retire")
     if refused is not None:
         return refused
-    raw = doc.model_dump(mode="json", exclude_unset=True)["allocation"]
-    record = doc.model_dump(mode="json")["allocation"]
-    name = str(record.get("job_id") or record.get("token"))
-    entry = dict(record, final_state=final_state)
+    raw, name, entry = history_entry(doc, HEAD, final_state)
     return Change("retire", (
         # the record as read, exactly: a record changed meanwhile is re-read, not lost
-        {"op": "test", "path": HEAD, "value": raw},
-        {"op": "setdefault", "path": "/history", "value": {}},
-        {"op": "add", "path": make_pointer("history", name), "value": entry},
-        {"op": "add", "path": make_pointer("history", name, "ended_at"), "value_now": 0},
-        {"op": "remove", "path": HEAD},
+        equals(HEAD, raw),
+        *to_history(name, entry),
+        remove(HEAD),
     ))
 
 
@@ -446,15 +365,14 @@ def retire(doc: SessionDocument | None, *, key: str, value: str,
 def beat(doc: SessionDocument | None, *, host: str, pid: int) -> Outcome:
     """Any state: ``/heartbeat`` = this process, at the login node's time."""
     return Change("beat", (
-        {"op": "add", "path": "/heartbeat", "value": {"host": host, "pid": pid, "at": 0}},
-        {"op": "add", "path": "/heartbeat/at", "value_now": 0},
+        add("/heartbeat", {"host": host, "pid": pid, "at": 0}),
+        add_now("/heartbeat/at"),
     ))
 
 
 def close_session(doc: SessionDocument | None, *, reason: str) -> Outcome:
     """Any state: the session is closed (its jobs were cancelled by job name)."""
     return Change("close_session", (
-        {"op": "add", "path": "/closed_at", "value_now": 0},
-        {"op": "add", "path": "/closed_reason", "value": reason},
+        add_now("/closed_at"),
+        add("/closed_reason", reason),
     ))
-

@@ -11,16 +11,17 @@ counted in ``/election/failures`` by the election's transitions
 (:mod:`dagster_slurm.state.election_transitions`).
 
 The rules are those of :mod:`dagster_slurm.state.transitions`: a transition is a pure
-function ``(doc, inputs) -> Change | Refused``; every patch starts with the guards its
-decision relied on (the record's status, its release and drain fields as read), so two
-processes applying the same transition on the same read cannot both succeed: the second
-fails as a conflict and, on a re-read, is refused. These transitions need the document
+function ``(doc, inputs) -> Change | Refused``, its patch built from
+:mod:`dagster_slurm.state.patches`; every patch starts with the guards its decision relied
+on (the record's status, its release and drain fields as read), so two processes applying
+the same transition on the same read cannot both succeed: the second fails as a conflict
+and, on a re-read, is refused. These transitions need the document
 (``doc`` None is refused).
 
 The agent's ``submit`` operation writes the submission and the worker record itself
 (``record="/worker_submissions/<token>"``, ``record_value=`` :func:`worker_submission_record`,
 ``on_submitted=("/workers/{job_id}",`` :func:`worker_record_value` ``)``, ``guards=``
-:data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`); :func:`submit_worker` and
+:data:`~dagster_slurm.state.patches.SUBMIT_GUARDS`); :func:`submit_worker` and
 :func:`worker_submitted` return the same patches, for the in-memory fakes.
 
 A worker allocation's states (:class:`WorkerState`, derived by :func:`worker_state`)::
@@ -38,17 +39,25 @@ from enum import Enum
 from typing import Any
 
 from dagster_slurm.agent.remote.patch import make_pointer
-from dagster_slurm.state.schema import SessionDocument, Worker
-from dagster_slurm.state.transitions import (
+from dagster_slurm.state.patches import (
     SUBMIT_GUARDS,
     Change,
     Edge,
+    Op,
     Outcome,
     Patch,
     Refused,
-    closed_message,
+    absent,
+    add,
+    add_now,
+    as_read,
+    check_edge,
+    equals,
     sbatch_failed_ops,
+    setdefault,
 )
+from dagster_slurm.state.schema import SessionDocument, Worker
+from dagster_slurm.state.transitions import closed_message
 
 
 class WorkerState(str, Enum):
@@ -155,11 +164,7 @@ def worker_allowed(state: WorkerState, name: str) -> WorkerState | None:
 
 
 def _edge(name: str, state: WorkerState, which: str) -> Refused | None:
-    if worker_allowed(state, name) is not None:
-        return None
-    sources = sorted(e.source.value for e in WORKER_TRANSITIONS if e.name == name)
-    return Refused(name, f"the worker allocation {which} is {state.value}; {name} applies "
-                         f"only when it is {' or '.join(sources)}")
+    return check_edge(WORKER_TRANSITIONS, state, name, f"the worker allocation {which}")
 
 
 def _unread(name: str) -> Refused:
@@ -215,10 +220,10 @@ def submit_worker(doc: SessionDocument | None, *, token: str, config: Mapping[st
     pointer = _submission(token)
     return Change(name, (
         *SUBMIT_GUARDS,
-        {"op": "setdefault", "path": SUBMISSIONS, "value": {}},
-        {"op": "absent", "path": pointer},
-        {"op": "add", "path": pointer, "value": value},
-        {"op": "add", "path": f"{pointer}/submitted_at", "value_now": 0},
+        setdefault(SUBMISSIONS, {}),
+        absent(pointer),
+        add(pointer, value),
+        add_now(f"{pointer}/submitted_at"),
     ))
 
 
@@ -236,12 +241,12 @@ def _settled(doc: SessionDocument, name: str, token: str, job_id: str,
     record = dict(worker_record_value(submission.config, submission.intent, reconciled),
                   job_id=job_id, token=token, submitted_at=submission.submitted_at)
     return Change(name, (
-        {"op": "test", "path": f"{pointer}/status", "value": submission.status},
-        {"op": "absent", "path": _worker(job_id)},
-        {"op": "add", "path": f"{pointer}/status", "value": "submitted"},
-        {"op": "add", "path": f"{pointer}/job_id", "value": job_id},
-        {"op": "setdefault", "path": WORKERS, "value": {}},
-        {"op": "add", "path": _worker(job_id), "value": record},
+        equals(f"{pointer}/status", submission.status),
+        absent(_worker(job_id)),
+        add(f"{pointer}/status", "submitted"),
+        add(f"{pointer}/job_id", job_id),
+        setdefault(WORKERS, {}),
+        add(_worker(job_id), record),
     ))
 
 
@@ -261,8 +266,8 @@ def worker_submitted(doc: SessionDocument | None, *, token: str, job_id: str,
     pointer = _submission(token)
     return Change(name, (
         *change.patch,
-        {"op": "add", "path": f"{pointer}/rc", "value": rc},
-        {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0},
+        add(f"{pointer}/rc", rc),
+        add_now(f"{pointer}/finished_at"),
     ))
 
 
@@ -302,28 +307,25 @@ def settle_worker_lost(doc: SessionDocument | None, *, token: str) -> Outcome:
     pointer = _submission(token)
     status = doc.worker_submissions[token].status
     return Change(name, (
-        {"op": "test", "path": f"{pointer}/status", "value": status},
-        {"op": "add", "path": f"{pointer}/status", "value": "failed"},
-        {"op": "add", "path": f"{pointer}/error",
-         "value": "no job carrying the token was found in squeue"},
-        {"op": "add", "path": f"{pointer}/finished_at", "value_now": 0},
+        equals(f"{pointer}/status", status),
+        add(f"{pointer}/status", "failed"),
+        add(f"{pointer}/error", "no job carrying the token was found in squeue"),
+        add_now(f"{pointer}/finished_at"),
     ))
 
 
 # -- the worker record -------------------------------------------------------------------------
-def _as_read(doc: SessionDocument, job_id: str, field: str) -> dict[str, Any]:
+def _as_read(doc: SessionDocument, job_id: str, field: str) -> Op:
     """A guard that ``field`` of the worker record is as read: equal, or still absent."""
     raw = doc.model_dump(mode="json", exclude_unset=True)["workers"][job_id]
-    if field in raw and raw[field] is not None:
-        return {"op": "test", "path": _worker(job_id, field), "value": raw[field]}
-    return {"op": "absent", "path": _worker(job_id, field)}
+    return as_read(_worker(job_id, field), raw.get(field))
 
 
 def _live(doc: SessionDocument, job_id: str) -> Patch:
     """Guards: the worker record of ``job_id`` exists, is not released and not draining."""
-    return ({"op": "test", "path": _worker(job_id, "job_id"), "value": job_id},
+    return (equals(_worker(job_id, "job_id"), job_id),
             _as_read(doc, job_id, "released"),
-            {"op": "absent", "path": _worker(job_id, "drain_deadline")})
+            absent(_worker(job_id, "drain_deadline")))
 
 
 def _worker_edge(doc: SessionDocument | None, name: str, job_id: str) -> Refused | None:
@@ -349,8 +351,8 @@ def record_worker_joined(doc: SessionDocument | None, *, job_id: str, nodes: lis
     return Change(name, (
         *_live(doc, job_id),
         _as_read(doc, job_id, "ray_node_ids"),
-        {"op": "add", "path": _worker(job_id, "nodes"), "value": list(nodes)},
-        {"op": "add", "path": _worker(job_id, "ray_node_ids"), "value": dict(ray_node_ids)},
+        add(_worker(job_id, "nodes"), list(nodes)),
+        add(_worker(job_id, "ray_node_ids"), dict(ray_node_ids)),
     ))
 
 
@@ -372,14 +374,13 @@ def request_worker_drain(doc: SessionDocument | None, *, job_id: str,
                                  f"{record.drain_deadline:.0f} (epoch seconds); wait for it")
         return refused
     assert doc is not None
-    owned = () if intent is None else (
-        {"op": "test", "path": _worker(job_id, "intent"), "value": intent},)
-    value = ({"value_now": drain_timeout} if deadline is None else {"value": float(deadline)})
-    return Change(name, (
-        *_live(doc, job_id),
-        *owned,
-        {"op": "add", "path": _worker(job_id, "drain_deadline"), **value},
-    ))
+    owned = () if intent is None else (equals(_worker(job_id, "intent"), intent),)
+    pointer = _worker(job_id, "drain_deadline")
+    if deadline is None:
+        persisted = add_now(pointer, drain_timeout)
+    else:
+        persisted = add(pointer, float(deadline))
+    return Change(name, (*_live(doc, job_id), *owned, persisted))
 
 
 def release_worker(doc: SessionDocument | None, *, job_id: str,
@@ -392,13 +393,12 @@ def release_worker(doc: SessionDocument | None, *, job_id: str,
     if refused is not None:
         return refused
     assert doc is not None
-    known = () if final_state is None else (
-        {"op": "add", "path": _worker(job_id, "final_state"), "value": final_state},)
+    known = () if final_state is None else (add(_worker(job_id, "final_state"), final_state),)
     return Change(name, (
-        {"op": "test", "path": _worker(job_id, "job_id"), "value": job_id},
+        equals(_worker(job_id, "job_id"), job_id),
         _as_read(doc, job_id, "released"),
-        {"op": "add", "path": _worker(job_id, "released"), "value": True},
-        {"op": "add", "path": _worker(job_id, "released_at"), "value_now": 0},
+        add(_worker(job_id, "released"), True),
+        add_now(_worker(job_id, "released_at")),
         *known,
     ))
 
@@ -408,7 +408,7 @@ def release_live_workers(doc: SessionDocument | None,
     """:func:`release_worker` for every live worker allocation of ``doc`` at once, in one
     change (teardown and orphan reconciliation, which cancelled them by the session's job
     name). None when there is none (or ``doc`` is None)."""
-    patch: list[Mapping[str, Any]] = []
+    patch: list[Op] = []
     for job_id in sorted(live_workers(doc)):
         decided = release_worker(doc, job_id=job_id, final_state=final_state)
         if isinstance(decided, Change):
@@ -445,6 +445,6 @@ def assign_worker_intent(doc: SessionDocument | None, *, job_id: str,
     return Change(name, (
         *_live(doc, job_id),
         _as_read(doc, job_id, "intent"),
-        {"op": "add", "path": _worker(job_id, "intent"), "value": intent},
-        {"op": "add", "path": _worker(job_id, "reconciled"), "value": False},
+        add(_worker(job_id, "intent"), intent),
+        add(_worker(job_id, "reconciled"), False),
     ))
