@@ -5,12 +5,16 @@ import os
 import subprocess
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
 
 from dagster_slurm import SlurmQueueConfig, SlurmResource
+from dagster_slurm.agent.ops import exec_op
+from dagster_slurm.agent.results import ExecResult
 from dagster_slurm.compute.resource import ComputeResource
+from dagster_slurm.environment import EnvironmentConfig, prepare_environment
 
 PAYLOAD_OK = """
 import sys
@@ -46,6 +50,29 @@ def compute(env: dict[str, str], mode: str = "slurm", **kwargs: object) -> Compu
         kwargs.setdefault("env_packages", ["dagster-pipes"])
     slurm = kwargs.pop("slurm", None) or slurm_resource(env)
     return ComputeResource(mode="slurm", slurm=slurm, **kwargs)
+
+
+def on_a_node(slurm: SlurmResource, argv: Sequence[str], *, timeout: float = 300.0) -> ExecResult:
+    """``argv`` run by the cluster user on one compute node of ``slurm``'s partition: ``srun``
+    started on the login node through the library's agent, as a payload would run.
+
+    Anything a payload relies on must be checked this way, not on this machine: a dev-cluster
+    node has its own /tmp (and the login node too), so a path under this machine's /tmp (a
+    clone of the repository there, pytest's ``tmp_path``) does not exist on the nodes."""
+    srun = ["srun", "--partition", slurm.queue.partition or "cpu", "--nodes", "1",
+            "--ntasks", "1", "--mem", "500M", "--time", "2", "--job-name", "env-probe"]
+    return slurm.agent().run(exec_op([*srun, *argv], timeout=timeout))
+
+
+def python_on_a_node(slurm: SlurmResource, code: str, **environment: object) -> ExecResult:
+    """``python -c code`` on a compute node (:func:`on_a_node`) in the payload environment
+    that ``environment`` (``pre_deployed_env_path=...`` or ``env_packages=...``, as given to
+    ``ComputeResource``) names: prepared with the library's own
+    :func:`~dagster_slurm.environment.prepare_environment` (cached by content hash, so the
+    resource reuses it) and activated as the job script does, by sourcing its script."""
+    handle = prepare_environment(slurm.agent(), slurm.base_path(), EnvironmentConfig(**environment))
+    activate = handle.activation_script or "/dev/null"
+    return on_a_node(slurm, ["bash", "-c", '. "$1" && exec python -c "$2"', "probe", activate, code])
 
 
 def materialize_one(payload: str, resource: ComputeResource, *, raise_on_error: bool = True,

@@ -1,28 +1,31 @@
 """SparkLauncher on the dev cluster: a real standalone Spark 3.5 cluster in a 2-node job.
 
-The cluster-side environment: the nodes share this machine's filesystem (except /tmp)
-and Python, so the test makes a small venv of the system's python3 under the cluster
-user's deployment directory whose only content is a ``.pth`` line pointing at this test
-process's own site-packages (which has pyspark, from the ``spark`` extra, and
-dagster-pipes). Nothing is packed or uploaded, and the venv is made once per machine.
-When that is not possible (another Python version, site-packages the cluster user cannot
-read) the environment is packed from ``env_packages`` instead;
-``DAGSTER_SLURM_TEST_SPARK_ENV_PATH`` names a pre-deployed environment to use as is.
+The cluster-side environment is packed from ``env_packages`` (dagster-pipes and the pyspark
+this process has) by the library and deployed under the cluster user's deployment directory,
+which every node sees, wherever this repository is checked out;
+``DAGSTER_SLURM_TEST_SPARK_ENV_PATH`` names a pre-deployed environment to use instead. Either
+way the environment is first probed where the payload runs, on a compute node, so that an
+environment the nodes cannot use fails here, saying why.
 """
 
 from __future__ import annotations
 
-import hashlib
+import importlib.metadata
 import os
 import re
 import subprocess
-import sysconfig
 import time
-from pathlib import Path
 
 import dagster as dg
 import pytest
-from compute_support import materialize_one, run_logs, slurm_resource, squeue_names, write_payload
+from compute_support import (
+    materialize_one,
+    python_on_a_node,
+    run_logs,
+    slurm_resource,
+    squeue_names,
+    write_payload,
+)
 
 from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.devcluster import NODES, DevCluster
@@ -32,7 +35,8 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SPARK_PACKAGES = ["dagster-pipes", "pyspark==3.5.8"]
+#: What the payload imports on the nodes: the same pyspark as this process (the spark extra).
+SPARK_PACKAGES = ["dagster-pipes", f"pyspark=={importlib.metadata.version('pyspark')}"]
 
 CLUSTER_PAYLOAD = """
 import os, time
@@ -67,32 +71,17 @@ def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
 
 
-def _as_cluster_user(env: dict[str, str], *argv: str) -> bool:
-    user = env.get("SLURM_EDGE_NODE_USER", "")
-    command = ["runuser", "-u", user, "--", *argv] if user and os.geteuid() == 0 else list(argv)
-    return subprocess.run(command, capture_output=True, check=False).returncode == 0
-
-
-def shared_venv(env: dict[str, str]) -> str | None:
-    """A venv of /usr/bin/python3 that sees this process's site-packages, or None."""
-    site = sysconfig.get_paths()["purelib"]
-    base = env.get("SLURM_DEPLOYMENT_BASE_PATH", "")
-    if not base or not Path("/usr/bin/python3").exists():
-        return None
-    name = hashlib.sha256(site.encode()).hexdigest()[:12]
-    venv = Path(base) / "test-envs" / f"spark-{name}"
-    if not (venv / "bin" / "activate").exists():
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
-        (own_site,) = venv.glob("lib/python3*/site-packages")
-        (own_site / "dagster_slurm_test_site.pth").write_text(site + "\n")
-    probe = "import pyspark, dagster_pipes"
-    return str(venv) if _as_cluster_user(env, str(venv / "bin/python"), "-c", probe) else None
-
-
 @pytest.fixture(scope="module")
 def environment(env: dict[str, str]) -> dict[str, object]:
-    path = os.environ.get("DAGSTER_SLURM_TEST_SPARK_ENV_PATH") or shared_venv(env)
-    return {"pre_deployed_env_path": path} if path else {"env_packages": SPARK_PACKAGES}
+    path = os.environ.get("DAGSTER_SLURM_TEST_SPARK_ENV_PATH")
+    chosen: dict[str, object] = (
+        {"pre_deployed_env_path": path} if path else {"env_packages": SPARK_PACKAGES}
+    )
+    probe = python_on_a_node(slurm_resource(env), "import pyspark, dagster_pipes", **chosen)
+    if not probe.ok:
+        pytest.fail(f"the payload environment {chosen} does not work on a compute node:\n"
+                    f"{(probe.stderr or probe.stdout)[-2000:]}", pytrace=False)
+    return chosen
 
 
 def spark_compute(env: dict[str, str], environment: dict[str, object], mode: str,
