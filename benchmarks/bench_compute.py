@@ -301,7 +301,7 @@ def main() -> None:
             pre_deployed_env_path=args.env_path,
             env_packages=None if args.env_path else ["dagster-pipes"],
         )
-        from dagster_slurm.compute.environment import activation_for
+        from dagster_slurm.jobs.activation import activation_for
 
         class _Ctx:
             log = __import__("logging").getLogger("bench")

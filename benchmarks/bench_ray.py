@@ -185,7 +185,7 @@ def main() -> None:
         pre_deployed_env_path=args.env_path,
         env_packages=None if args.env_path else ["dagster-pipes", "ray[default,data]==2.60.0"],
     )
-    from dagster_slurm.compute.environment import activation_for
+    from dagster_slurm.jobs.activation import activation_for
 
     class _Context:
         log = logging.getLogger("bench")

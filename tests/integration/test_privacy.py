@@ -20,9 +20,9 @@ from compute_support import compute as compute_resource
 from compute_support import slurm_resource, write_payload
 from session_support import session_compute
 
-from dagster_slurm.compute.paths import safe_name
 from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.devcluster.layout import OTHER_USER
+from dagster_slurm.jobs.paths import safe_name
 from dagster_slurm.launchers.ray import RayLauncher
 
 pytestmark = [pytest.mark.integration]

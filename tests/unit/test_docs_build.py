@@ -139,7 +139,7 @@ def test_reference_lists_every_public_configuration_class() -> None:
 
 
 def test_reference_summarises_long_mapping_defaults(build: Build) -> None:
-    from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
+    from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS
 
     section = html.unescape(_section(build.reference(), "computeresource"))
     assert f"{len(DEFAULT_FATAL_REASONS)} entries:" in section
@@ -154,11 +154,11 @@ def _page(name: str) -> str:
 
 def test_modes_page_names_every_error_key_and_reason() -> None:
     """The modes page lists what the code defines; a new error, key or reason needs a line."""
-    from dagster_slurm.compute.metrics import METADATA_KEYS
     from dagster_slurm.compute.options import OPTION_FIELDS
-    from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS
     from dagster_slurm.errors import DagsterSlurmError
     from dagster_slurm.jobs import errors
+    from dagster_slurm.jobs.metrics import METADATA_KEYS
+    from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS
 
     page = _page("modes.md")
     error_classes = [

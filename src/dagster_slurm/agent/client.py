@@ -244,6 +244,10 @@ class PendingResult(Generic[R]):
             raise RuntimeError("the batch has not been run yet")
         return self.op.decode(self.raw, self.index)
 
+    def belongs_to(self, batch: Batch) -> bool:
+        """Whether this is the result of an op added to ``batch`` (and not to another one)."""
+        return self._batch is batch
+
 
 class Batch:
     """Operations collected and sent in one request; ``with`` runs it on a clean exit.
@@ -261,7 +265,7 @@ class Batch:
         self, op: AgentOp[R], *, requires: Sequence[PendingResult[Any]] = ()
     ) -> PendingResult[R]:
         for dependency in requires:
-            if dependency._batch is not self:
+            if not dependency.belongs_to(self):
                 raise ValueError("requires may only name ops of the same batch")
         if self.response is not None:
             raise RuntimeError("this batch has already been run")

@@ -1,18 +1,11 @@
-"""Where the files of one invocation live, and the job name it gets.
+"""Temporary import path of :class:`~dagster_slurm.jobs.paths.InvocationPaths`.
 
-Kept under this import path for existing code; defined in :mod:`dagster_slurm.jobs.paths`.
+Not a published path (the published 1.x package had no ``dagster_slurm.compute``): kept only
+because ``tests/unit/session/test_session_server.py`` still imports it from here. Delete this
+module once that test imports :mod:`dagster_slurm.jobs.paths`. Everything else imports it
+from :mod:`dagster_slurm.jobs.paths`.
 """
 
-from dagster_slurm.jobs.paths import (
-    InvocationPaths,
-    job_name_for,
-    safe_name,
-    step_identity,
-)
+from dagster_slurm.jobs.paths import InvocationPaths
 
-__all__ = [
-    "InvocationPaths",
-    "job_name_for",
-    "safe_name",
-    "step_identity",
-]
+__all__ = ["InvocationPaths"]

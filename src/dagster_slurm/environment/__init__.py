@@ -13,13 +13,14 @@ Usage::
     handle = prepare_environment(slurm.agent(), slurm.base_path(), EnvironmentConfig())
     handle.activation_script   # source this before running the payload
 
-Modules: :mod:`.config` (user settings), :mod:`.platform` and :mod:`.remote_probe` (the
-cluster's wheel tags), :mod:`.requirements` (which distributions), :mod:`.pip`,
-:mod:`.pool` and :mod:`.wheelhouse` (wheels and their local cache), :mod:`.pixi`,
-:mod:`.packing` (choosing a packer), :mod:`.hashing` (content hashes), :mod:`.remote` and
-:mod:`.remote_wheels` (layout, commands and wheel store on the cluster), :mod:`.builder`
-(one build), :mod:`.lease_store` (the build lease), :mod:`.handle` and :mod:`.deploy`
-(:func:`prepare_environment`).
+Layout: this package holds what the user sets (:mod:`.config`), the error (:mod:`.errors`),
+what :func:`prepare_environment` takes and returns (:mod:`.handle`) and
+:func:`prepare_environment` itself (:mod:`.deploy`), which joins two sub-packages:
+
+* :mod:`.packing`: packing here (requirements, pip, the local wheel cache, the wheelhouse,
+  pixi-pack, content hashes, choosing a packer);
+* :mod:`.cluster`: the cluster's side (its platform and the probe program, the layout and
+  install commands under ``<base>/envs``, the shared wheel store, one build and its lease).
 
 Names are imported lazily, so importing this package does not import Dagster.
 """
@@ -37,8 +38,8 @@ _EXPORTS: dict[str, str] = {
     "prepare_environment": "dagster_slurm.environment.deploy",
     "clear_process_cache": "dagster_slurm.environment.deploy",
     "EnvironmentSetupError": "dagster_slurm.environment.errors",
-    "PythonPlatform": "dagster_slurm.environment.platform",
-    "probe_cluster": "dagster_slurm.environment.platform",
+    "PythonPlatform": "dagster_slurm.environment.cluster.platform",
+    "probe_cluster": "dagster_slurm.environment.cluster.platform",
 }
 
 __all__ = [
@@ -54,11 +55,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from dagster_slurm.environment.cluster.platform import PythonPlatform, probe_cluster
     from dagster_slurm.environment.config import EnvironmentConfig
     from dagster_slurm.environment.deploy import clear_process_cache, prepare_environment
     from dagster_slurm.environment.errors import EnvironmentSetupError
     from dagster_slurm.environment.handle import DeployOptions, EnvironmentHandle, Timings
-    from dagster_slurm.environment.platform import PythonPlatform, probe_cluster
 
 
 def __getattr__(name: str) -> Any:

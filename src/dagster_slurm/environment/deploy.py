@@ -5,11 +5,12 @@ Steps and round trips:
 * ``pre_deployed_env_path``: one round trip checks for ``<path>/activate.sh`` or
   ``<path>/bin/activate``; the handle names the first found.
 * packed: probe the cluster's platform (one round trip; none with
-  ``auto_detect_platform=False``), pack locally (:mod:`~dagster_slurm.environment.packing`,
-  cached), then check ``<base>/envs/<hash>/.ready`` (one round trip). When it exists the
-  environment is reused and nothing is uploaded. Otherwise this process takes the build
-  lease and builds (:mod:`~dagster_slurm.environment.builder`: three round trips, uploading
-  only the files the cluster lacks as one tar stream).
+  ``auto_detect_platform=False``), pack locally
+  (:mod:`~dagster_slurm.environment.packing.packer`, cached), then check
+  ``<base>/envs/<hash>/.ready`` (one round trip). When it exists the environment is reused
+  and nothing is uploaded. Otherwise this process takes the build lease and builds
+  (:mod:`~dagster_slurm.environment.cluster.builder`: three round trips, uploading only the
+  files the cluster lacks as one tar stream).
 
 Concurrency: preparers of the same hash on any machine serialise on a lease in
 ``<hash>.lease.json``, renewed while the build runs, so the lease of a killed builder
@@ -39,14 +40,14 @@ from dagster_slurm.agent.client import AgentClient
 from dagster_slurm.agent.ops import tail_op
 from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.backoff import PollBackoff
-from dagster_slurm.environment.builder import RemoteBuild
+from dagster_slurm.environment.cluster.builder import RemoteBuild
+from dagster_slurm.environment.cluster.lease_store import LeaseFileStore, LeaseKeeper
+from dagster_slurm.environment.cluster.platform import local_platform, probe_cluster
+from dagster_slurm.environment.cluster.remote import Recipe, RemoteLayout
 from dagster_slurm.environment.config import EnvironmentConfig
 from dagster_slurm.environment.errors import EnvironmentSetupError
 from dagster_slurm.environment.handle import DeployOptions, EnvironmentHandle, Timings
-from dagster_slurm.environment.lease_store import LeaseFileStore, LeaseKeeper
-from dagster_slurm.environment.packing import Packers, pack_environment
-from dagster_slurm.environment.platform import local_platform, probe_cluster
-from dagster_slurm.environment.remote import Recipe, RemoteLayout
+from dagster_slurm.environment.packing.packer import Packers, pack_environment
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.state import lease
 

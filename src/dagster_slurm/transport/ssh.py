@@ -233,7 +233,25 @@ class SSHTransport:
         """Start ``argv`` as a long-lived stream on its own channel of the shared connection."""
         return SSHStream(self, argv)
 
-    def _open_channel(self, command: str) -> paramiko.Channel:
+    def reserve_channel(self, timeout: float) -> bool:
+        """Take one of the ``max_channels`` channel slots, waiting at most ``timeout`` seconds.
+
+        False when no slot became free in time. A slot taken here is given back with
+        :meth:`release_channel`.
+        """
+        return self._channels.acquire(timeout=timeout)
+
+    def release_channel(self) -> None:
+        """Give back a slot taken with :meth:`reserve_channel`."""
+        self._channels.release()
+
+    def open_channel(self, command: str) -> paramiko.Channel:
+        """Start ``command`` on a new channel of the connection, connecting first if needed.
+
+        Tried twice: after a failure the connection is closed and the second try reconnects;
+        a second failure raises :class:`~dagster_slurm.errors.TransportError`. The caller
+        holds a slot (:meth:`reserve_channel`) and closes the channel.
+        """
         for attempt in (1, 2):
             transport = self._live_transport()
             try:
@@ -268,7 +286,7 @@ class SSHTransport:
                 f"({self.options.max_channels} in use)"
             )
         try:
-            channel = self._open_channel(command)
+            channel = self.open_channel(command)
             try:
                 out, err, code = self._exchange(channel, stdin, deadline, command)
             finally:
@@ -335,11 +353,11 @@ class SSHStream:
     def __init__(self, transport: SSHTransport, argv: Sequence[str]) -> None:
         self._owner = transport
         self._argv0 = argv[0]
-        if not transport._channels.acquire(timeout=transport.options.command_timeout):
+        if not transport.reserve_channel(transport.options.command_timeout):
             raise CommandTimeout(f"no free SSH channel to {transport.target.label} for a stream")
         self._released = False
         try:
-            self._channel = transport._open_channel(render_command(argv))
+            self._channel = transport.open_channel(render_command(argv))
         except BaseException:
             self._release()
             raise
@@ -350,7 +368,7 @@ class SSHStream:
     def _release(self) -> None:
         if not self._released:
             self._released = True
-            self._owner._channels.release()
+            self._owner.release_channel()
 
     def send(self, data: bytes) -> None:
         try:

@@ -6,7 +6,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from dagster_slurm.compute.errors import (
+from dagster_slurm.compute.options import sbatch_overrides
+from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.errors import (
     JobOutcome,
     SlurmJobCancelled,
     SlurmJobLost,
@@ -16,12 +18,10 @@ from dagster_slurm.compute.errors import (
     SlurmJobTimeout,
     SlurmNodeFailure,
 )
-from dagster_slurm.compute.metrics import METADATA_KEYS, from_local, from_sacct
-from dagster_slurm.compute.options import sbatch_overrides
-from dagster_slurm.compute.outcome import outcome_error
-from dagster_slurm.compute.paths import InvocationPaths, job_name_for, safe_name
-from dagster_slurm.compute.pending import DEFAULT_FATAL_REASONS, explain_pending
-from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.metrics import METADATA_KEYS, from_local, from_sacct
+from dagster_slurm.jobs.outcome import outcome_error
+from dagster_slurm.jobs.paths import InvocationPaths, job_name_for, safe_name
+from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, explain_pending
 from dagster_slurm.slurm.states import JobState
 
 

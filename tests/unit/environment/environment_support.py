@@ -7,8 +7,8 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dagster_slurm.environment.pip import PipResult
-from dagster_slurm.environment.platform import PythonPlatform
+from dagster_slurm.environment.cluster.platform import PythonPlatform
+from dagster_slurm.environment.packing.pip import PipResult
 
 #: A glibc x86_64 CPython 3.11, as the dev cluster reports it.
 CLUSTER = PythonPlatform(

@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 
 from dagster_slurm.agent.client import AgentClient
-from dagster_slurm.environment import pixi
-from dagster_slurm.environment.builder import RemoteBuild
+from dagster_slurm.environment.cluster.builder import RemoteBuild
+from dagster_slurm.environment.cluster.lease_store import LeaseFileStore
+from dagster_slurm.environment.cluster.platform import local_platform
+from dagster_slurm.environment.cluster.remote import RemoteLayout
 from dagster_slurm.environment.config import EnvironmentConfig
 from dagster_slurm.environment.deploy import clear_process_cache, prepare_environment
 from dagster_slurm.environment.errors import EnvironmentSetupError
 from dagster_slurm.environment.handle import DeployOptions
-from dagster_slurm.environment.lease_store import LeaseFileStore
-from dagster_slurm.environment.packing import Packers, pack_environment
-from dagster_slurm.environment.platform import local_platform
-from dagster_slurm.environment.remote import RemoteLayout
+from dagster_slurm.environment.packing import pixi
+from dagster_slurm.environment.packing.packer import Packers, pack_environment
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.state import lease
 from dagster_slurm.transport.local import LocalTransport

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from dagster_slurm.environment.hashing import cache_key, content_hash, file_sha256, tree_fingerprint
+from dagster_slurm.environment.packing.hashing import (
+    cache_key,
+    content_hash,
+    file_sha256,
+    tree_fingerprint,
+)
 
 FILES = [("a-1.0-py3-none-any.whl", "11" * 32), ("b-2.0-py3-none-any.whl", "22" * 32)]
 

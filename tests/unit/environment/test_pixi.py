@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from environment_support import CLUSTER
 
-from dagster_slurm.environment import pixi
 from dagster_slurm.environment.config import EnvironmentConfig
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.packing import choose_packer
+from dagster_slurm.environment.packing import pixi
+from dagster_slurm.environment.packing.packer import choose_packer
 
 # Records its argv next to the output file and writes a self-extracting stand-in there.
 FAKE_PIXI_PACK = f"""#!{sys.executable}

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from environment_support import CLUSTER
 
-from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.platform import (
+from dagster_slurm.environment.cluster.platform import (
     local_builds_fit,
     local_platform,
     manylinux_tags,
@@ -20,6 +19,7 @@ from dagster_slurm.environment.platform import (
     parse_probe,
     probe_source,
 )
+from dagster_slurm.environment.errors import EnvironmentSetupError
 
 PYTHON38 = "/root/.pyenv/versions/3.8.18/bin/python3.8"
 

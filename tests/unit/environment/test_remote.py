@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_slurm.environment.remote import (
+from dagster_slurm.environment.cluster.remote import (
     PackFile,
     Recipe,
     RemoteLayout,

@@ -8,7 +8,7 @@ import pytest
 from environment_support import CLUSTER
 
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.requirements import (
+from dagster_slurm.environment.packing.requirements import (
     DirectUrl,
     InstalledDistribution,
     Pin,

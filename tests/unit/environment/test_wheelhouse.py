@@ -9,10 +9,10 @@ import pytest
 from environment_support import CLUSTER, FakePip, make_wheel
 
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.pip import SOURCE_DATE_EPOCH, PipResult, missing_requirement
-from dagster_slurm.environment.pool import WheelPool
-from dagster_slurm.environment.requirements import DirectUrl, InstalledDistribution
-from dagster_slurm.environment.wheelhouse import build_wheelhouse
+from dagster_slurm.environment.packing.pip import SOURCE_DATE_EPOCH, PipResult, missing_requirement
+from dagster_slurm.environment.packing.pool import WheelPool
+from dagster_slurm.environment.packing.requirements import DirectUrl, InstalledDistribution
+from dagster_slurm.environment.packing.wheelhouse import build_wheelhouse
 
 LOCAL_SAME = dataclasses.replace(CLUSTER, python_version=(3, 11, 7), libc_version=(2, 31))
 LOCAL_OTHER = dataclasses.replace(CLUSTER, python_version=(3, 12, 4), abi="cp312")

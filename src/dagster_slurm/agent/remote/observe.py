@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .common import OpContext, bad_request, get_argv, get_number, get_str
 from .document import document_version, read_document
-from .scheduler import _read_status_file, squeue_then_sacct
+from .scheduler import read_status_file, squeue_then_sacct
 
 
 def known_job_ids(doc: object) -> list:
@@ -64,6 +64,6 @@ def op_observe_session(params: dict, ctx: OpContext) -> dict:
               **squeue_then_sacct(params, squeue_argv, known, timeout)}
     # Files are read after squeue: a job squeue no longer lists has written its last words.
     paths = [f"{jobs_dir}/{job_id}/{name}" for job_id in known for name in names] + list(extra)
-    result["files"] = {p: _read_status_file(p) for p in dict.fromkeys(paths)}
+    result["files"] = {p: read_status_file(p) for p in dict.fromkeys(paths)}
     return result
 

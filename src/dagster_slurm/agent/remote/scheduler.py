@@ -107,7 +107,7 @@ def op_job_status(params: dict, ctx: OpContext) -> dict:
             squeue["stdout"] = lines_of(squeue.get("stdout") or "", known_ids)
     result = squeue_then_sacct(params, squeue_argv, known_ids, timeout, squeue=squeue)
     # Status files are read after squeue: a job squeue no longer lists has written its file.
-    result["status_files"] = {str(k): _read_status_file(v) for k, v in files.items()}
+    result["status_files"] = {str(k): read_status_file(v) for k, v in files.items()}
     return result
 
 
@@ -358,7 +358,13 @@ def _run_quietly(argv: list, timeout: float) -> dict:
         return out
 
 
-def _read_status_file(path: str) -> dict:
+def read_status_file(path: str) -> dict:
+    """The start of one small file (at most ``STATUS_FILE_LIMIT`` bytes), as the agent answers it.
+
+    ``{"exists": True, "data": text}`` (decoded as UTF-8, undecodable bytes replaced);
+    ``{"exists": False, "data": None}`` when there is no such file, with ``"error"`` added
+    when it cannot be read for another reason.
+    """
     try:
         with open(path, "rb") as f:
             data = f.read(STATUS_FILE_LIMIT)

@@ -3,11 +3,12 @@
 :func:`build_wheelhouse` collects
 
 * the pinned distributions of the current environment (or a requirement list resolved with
-  its dependencies, see :mod:`~dagster_slurm.environment.requirements`), from the local
-  :class:`~dagster_slurm.environment.pool.WheelPool` or, for what it lacks, from pip:
-  ``pip download --only-binary=:all: --no-deps`` with the cluster's platform arguments, or
-  plain ``pip wheel`` (which may build sdists) when :func:`~dagster_slurm.environment.platform.local_builds_fit`
-  says wheels for this machine run there. A pin with no wheel for the cluster is built here
+  its dependencies, see :mod:`~dagster_slurm.environment.packing.requirements`), from the
+  local :class:`~dagster_slurm.environment.packing.pool.WheelPool` or, for what it lacks,
+  from pip: ``pip download --only-binary=:all: --no-deps`` with the cluster's platform
+  arguments, or plain ``pip wheel`` (which may build sdists) when
+  :func:`~dagster_slurm.environment.cluster.platform.local_builds_fit` says wheels for this
+  machine run there. A pin with no wheel for the cluster is built here
   from source if the result is pure Python (``py3-none-any``);
 * wheels built here with ``pip wheel --no-deps`` for distributions installed from a local
   directory, archive or VCS URL (the editable project itself), cached by a fingerprint of
@@ -33,9 +34,10 @@ from pathlib import Path
 from filelock import FileLock
 from packaging.utils import canonicalize_name
 
+from dagster_slurm.environment.cluster.platform import PythonPlatform, local_builds_fit
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.hashing import cache_key, content_hash, tree_fingerprint
-from dagster_slurm.environment.pip import (
+from dagster_slurm.environment.packing.hashing import cache_key, content_hash, tree_fingerprint
+from dagster_slurm.environment.packing.pip import (
     SOURCE_DATE_EPOCH,
     PipRunner,
     download_args,
@@ -43,9 +45,8 @@ from dagster_slurm.environment.pip import (
     run_pip,
     wheel_args,
 )
-from dagster_slurm.environment.platform import PythonPlatform, local_builds_fit
-from dagster_slurm.environment.pool import WheelFile, WheelPool, wheel_name
-from dagster_slurm.environment.requirements import (
+from dagster_slurm.environment.packing.pool import WheelFile, WheelPool, wheel_name
+from dagster_slurm.environment.packing.requirements import (
     PIPES,
     InstalledDistribution,
     LocalSource,

@@ -1,6 +1,6 @@
 """The Python platform of the cluster and the pip arguments that select wheels for it.
 
-Mechanism: :func:`probe_cluster` runs :mod:`~dagster_slurm.environment.remote_probe` on the
+Mechanism: :func:`probe_cluster` runs :mod:`~dagster_slurm.environment.cluster.remote_probe` on the
 login node (one agent ``exec``, no shell) and :func:`local_platform` runs the same code here.
 
 Policy (pure, unit tested): :func:`parse_probe` turns the probe's JSON into a
@@ -237,13 +237,14 @@ def local_builds_fit(local: PythonPlatform, cluster: PythonPlatform) -> bool:
 
 
 def probe_source() -> str:
-    """The text of the probe program (:mod:`~dagster_slurm.environment.remote_probe`)."""
-    return resources.files("dagster_slurm.environment").joinpath("remote_probe.py").read_text()
+    """The text of the probe program (:mod:`~dagster_slurm.environment.cluster.remote_probe`)."""
+    package = resources.files("dagster_slurm.environment.cluster")
+    return package.joinpath("remote_probe.py").read_text()
 
 
 def local_platform() -> PythonPlatform:
     """This interpreter's platform, described by the same code the cluster runs."""
-    from dagster_slurm.environment import remote_probe
+    from dagster_slurm.environment.cluster import remote_probe
 
     return parse_probe(remote_probe.describe())
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from dagster_slurm.environment.cluster.platform import PythonPlatform
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.hashing import cache_key, content_hash, file_sha256
-from dagster_slurm.environment.platform import PythonPlatform
+from dagster_slurm.environment.packing.hashing import cache_key, content_hash, file_sha256
 
 KIND = "pixi"
 SCRIPT_NAME = "environment.sh"

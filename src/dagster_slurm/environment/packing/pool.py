@@ -31,7 +31,7 @@ from filelock import FileLock
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.hashing import file_sha256
+from dagster_slurm.environment.packing.hashing import file_sha256
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Describe the running Python interpreter as one JSON object on standard output.
 
-Stdlib only, Python 3.8+. :func:`dagster_slurm.environment.platform.probe_cluster` sends this
-file's text to the login node as ``<python> -I -c <text>`` through the agent's ``exec``; the
-local side imports it and calls :func:`describe`, so both sides answer the same questions
-the same way. Keys:
+Stdlib only, Python 3.8+. :func:`dagster_slurm.environment.cluster.platform.probe_cluster`
+sends this file's text to the login node as ``<python> -I -c <text>`` through the agent's
+``exec``; the local side imports it and calls :func:`describe`, so both sides answer the
+same questions the same way. Keys:
 
 ``python_version`` ([major, minor, micro]), ``implementation`` (``cpython``, ``pypy``),
 ``abiflags``, ``soabi``, ``platform`` (``sysconfig.get_platform()``), ``machine``,

@@ -1,4 +1,5 @@
-"""Choosing a packer and turning its output into a :class:`~dagster_slurm.environment.remote.Recipe`.
+"""Choosing a packer and turning its output into a
+:class:`~dagster_slurm.environment.cluster.remote.Recipe`.
 
 :func:`choose_packer` is the policy (pure): pixi-pack when the configuration asks for it, or
 when ``env_packer="auto"``, no ``env_packages`` list is given, ``pixi`` and ``pixi-pack``
@@ -15,14 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster_slurm.environment import pixi
+from dagster_slurm.environment.cluster.platform import PythonPlatform
+from dagster_slurm.environment.cluster.remote import REQUIREMENTS, WHEELS, PackFile, Recipe
 from dagster_slurm.environment.config import EnvironmentConfig
 from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.pip import PipRunner, run_pip
-from dagster_slurm.environment.platform import PythonPlatform
-from dagster_slurm.environment.remote import REQUIREMENTS, WHEELS, PackFile, Recipe
-from dagster_slurm.environment.requirements import InstalledDistribution
-from dagster_slurm.environment.wheelhouse import build_wheelhouse
+from dagster_slurm.environment.packing import pixi
+from dagster_slurm.environment.packing.pip import PipRunner, run_pip
+from dagster_slurm.environment.packing.requirements import InstalledDistribution
+from dagster_slurm.environment.packing.wheelhouse import build_wheelhouse
 
 
 @dataclass(frozen=True)

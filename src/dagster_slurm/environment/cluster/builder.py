@@ -1,6 +1,6 @@
 """One build of a packed environment on the cluster, by the holder of its build lease.
 
-Three round trips (see :mod:`~dagster_slurm.environment.remote` for the layout):
+Three round trips (see :mod:`~dagster_slurm.environment.cluster.remote` for the layout):
 
 1. one agent batch: is ``<hash>/.ready`` there after all (then stop), create the build
    directory, link the wheels the cluster's store has and learn which it lacks;
@@ -28,8 +28,7 @@ from dagster_slurm.agent.client import AgentClient, PendingResult
 from dagster_slurm.agent.exceptions import AgentOpError
 from dagster_slurm.agent.ops import AgentOp, exec_op, mkdir_op, remove_op, tail_op, write_file_op
 from dagster_slurm.agent.results import ExecResult, TailRequest
-from dagster_slurm.environment.errors import EnvironmentSetupError
-from dagster_slurm.environment.remote import (
+from dagster_slurm.environment.cluster.remote import (
     READY,
     WHEELS,
     InstallStep,
@@ -41,6 +40,7 @@ from dagster_slurm.environment.remote import (
     ready_content,
     wheel_store_step,
 )
+from dagster_slurm.environment.errors import EnvironmentSetupError
 from dagster_slurm.errors import DagsterSlurmError
 
 

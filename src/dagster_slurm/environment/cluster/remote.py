@@ -11,7 +11,7 @@ Layout under ``<base>/envs``::
     .builds/<hash>.lock         the lock directory of that document
     .wheels/<sha256>/<file>     wheels already on the cluster, shared by all environments
 
-A build links the wheels the store has (:mod:`~dagster_slurm.environment.remote_wheels`)
+A build links the wheels the store has (:mod:`~dagster_slurm.environment.cluster.remote_wheels`)
 and uploads only the others; after pip verified and installed them they join the store. So
 an environment that differs from an earlier one by one wheel (the project's own, after a
 code change) uploads one wheel.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from dagster_slurm.environment.pixi import unpack_argv
+from dagster_slurm.environment.packing.pixi import unpack_argv
 
 ENVS_DIR = "envs"
 BUILDS_DIR = ".builds"
@@ -206,8 +206,9 @@ def wheel_store_input(pairs: Sequence[Sequence[str]]) -> str:
 
 
 def wheel_store_source() -> str:
-    """The text of :mod:`~dagster_slurm.environment.remote_wheels`."""
-    return resources.files("dagster_slurm.environment").joinpath("remote_wheels.py").read_text()
+    """The text of :mod:`~dagster_slurm.environment.cluster.remote_wheels`."""
+    package = resources.files("dagster_slurm.environment.cluster")
+    return package.joinpath("remote_wheels.py").read_text()
 
 
 def publish_argv(layout: RemoteLayout, token: str) -> tuple[str, ...]:
