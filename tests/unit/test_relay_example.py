@@ -167,6 +167,6 @@ def test_docs_relay_page_quotes_the_example_as_it_is() -> None:
 
 @pytest.mark.parametrize("name", ["relay.md"])
 def test_the_relay_page_is_linked(name: str) -> None:
-    for page in ("index.md", "sessions.md"):
-        assert f"]({name}" in (ROOT / "docs" / page).read_text(encoding="utf-8"), page
+    for page, link in (("index.md", f"]({name}"), ("sessions/successors.md", f"](../{name}")):
+        assert link in (ROOT / "docs" / page).read_text(encoding="utf-8"), page
     assert f"docs/{name}" in (ROOT / "README.md").read_text(encoding="utf-8")

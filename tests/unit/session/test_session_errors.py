@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from dagster_slurm.compute.errors import SlurmJobError
 from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.jobs.errors import SlurmJobError
 from dagster_slurm.session.core.errors import (
     REPLACED,
     SessionError,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dagster_slurm.agent.remote.files import wake_fifo
-from dagster_slurm.compute.paths import InvocationPaths
+from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.session.core.allocation import parse_ready
 from dagster_slurm.session.core.paths import SessionPaths
 from dagster_slurm.session.core.step_server import render_server
