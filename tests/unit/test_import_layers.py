@@ -12,6 +12,15 @@ each other. Strict layers leave no import cycle between units. Importing a priva
 
 A new subpackage fails the contract until it is given a layer here (and in the diagram of
 ``docs/design.md``).
+
+Inside a unit with a table of its own in :data:`SUB_LAYERS` (``session``, ``state``) the
+same rule holds one level down: each module belongs to the sub-unit named by its first
+component below the unit (``session/head/election.py`` -> ``head``, ``state/lease.py`` ->
+``lease``; the unit's ``__init__`` stands above every sub-unit), and a sub-unit imports
+only itself and lower sub-units. Across the whole package, finally, no module imports an
+underscore name of another module, and the modules form no import cycle, counted with every
+import (at module level, inside functions, under ``TYPE_CHECKING``): a cycle that is only
+deferred to call time is still a cycle of the design.
 """
 
 from __future__ import annotations
@@ -39,6 +48,30 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("devcluster",),
     (PACKAGE, "cli", "testing"),
 )
+
+
+#: Layers inside a unit, lowest first (drawn in docs/design.md for ``session``).
+SUB_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "session": (
+        ("core",),
+        ("head", "orphans"),
+        ("workers",),
+        ("scaling",),
+        ("supervision",),
+        ("session",),
+        ("frontend",),
+    ),
+    "state": (
+        ("schema",),
+        ("patches",),
+        ("store",),
+        ("lease",),
+        ("transitions",),
+        ("successor_transitions", "worker_transitions"),
+        ("election_transitions",),
+        ("election",),
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -129,9 +162,136 @@ def check_layers(source_root: Path, layers: tuple[tuple[str, ...], ...] = LAYERS
     return found
 
 
+def check_sub_layers(source_root: Path,
+                     sub_layers: dict[str, tuple[tuple[str, ...], ...]] = SUB_LAYERS
+                     ) -> list[Violation]:
+    """Every import between two modules of one unit of ``sub_layers`` that breaks its table
+    (see the module docstring)."""
+    root = Path(source_root)
+    found: list[Violation] = []
+    for unit, layers in sub_layers.items():
+        rank = _layer_of(layers)
+        top = len(layers)  # the unit's own __init__ stands above every sub-unit
+        for path in sorted((root / PACKAGE / unit).rglob("*.py")):
+            parts, is_package = _module_parts(root, path)
+            where = str(path.relative_to(root))
+            importer = parts[2] if len(parts) > 2 else "__init__"
+            if importer != "__init__" and importer not in rank:
+                found.append(Violation(where, 1, importer, "-",
+                                       f"has no layer in SUB_LAYERS[{unit!r}]; add it"))
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=where)
+            for line, module, name in _imports(tree, parts, is_package):
+                target = module.split(".")
+                if target[:2] != [PACKAGE, unit]:
+                    continue
+                if len(target) == 2 and name is not None:
+                    target = [*target, name]  # from dagster_slurm.unit import module
+                imported = target[2] if len(target) > 2 else "__init__"
+                if imported == importer or imported not in rank:
+                    continue
+                own = top if importer == "__init__" else rank[importer]
+                if rank[imported] >= own:
+                    shown = f"{module}.{name}" if name else module
+                    found.append(Violation(
+                        where, line, f"{unit}.{importer}", shown,
+                        f"{unit}.{imported} (layer {rank[imported]}) is not below "
+                        f"{unit}.{importer} (layer {own})"))
+    return found
+
+
+def _module_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, str]]:
+    """Every module of the package -> the modules it imports (all imports; ``from p
+    import m`` of a submodule ``m`` is an edge to ``p.m``), and each module's path."""
+    modules: dict[str, tuple[Path, bool]] = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts, is_package = _module_parts(root, path)
+        modules[".".join(parts)] = (path, is_package)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, (path, is_package) in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for _line, module, imported in _imports(tree, name.split("."), is_package):
+            target = f"{module}.{imported}" if f"{module}.{imported}" in modules else module
+            if target in modules and target != name:
+                graph[name].add(target)
+    return graph, {name: str(path.relative_to(root)) for name, (path, _) in modules.items()}
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for child in graph[todo.pop()]:
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
+def find_cycles(source_root: Path) -> list[list[str]]:
+    """The import cycles of the package (sets of more than one module that all reach each
+    other, each sorted), counted with every import; empty when there is none."""
+    graph, _paths = _module_graph(Path(source_root))
+    reach = {name: _reachable(graph, name) for name in graph}
+    cycles: list[list[str]] = []
+    placed: set[str] = set()
+    for name in sorted(graph):
+        if name in placed or name not in reach[name]:
+            continue
+        members = sorted(other for other in reach[name] if name in reach[other])
+        placed.update(members)
+        cycles.append(members)
+    return cycles
+
+
+def private_imports(source_root: Path) -> list[Violation]:
+    """Every import of an underscore name (or module) of another module of the package."""
+    root = Path(source_root)
+    found: list[Violation] = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts, is_package = _module_parts(root, path)
+        where = str(path.relative_to(root))
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=where)
+        for line, module, name in _imports(tree, parts, is_package):
+            target = module.split(".")
+            if target[0] != PACKAGE or target == parts:
+                continue
+            if any(_private(part) for part in target[1:]) or (name is not None and _private(name)):
+                shown = f"{module}.{name}" if name else module
+                found.append(Violation(where, line, ".".join(parts), shown,
+                                       "a private name of another module; make it public there"))
+    return found
+
+
 def test_the_package_keeps_its_layers() -> None:
     violations = check_layers(SOURCE_ROOT)
     assert not violations, "import-layer contract broken:\n" + "\n".join(map(str, violations))
+
+
+def test_the_session_and_state_packages_keep_their_layers() -> None:
+    violations = check_sub_layers(SOURCE_ROOT)
+    assert not violations, "sub-layer contract broken:\n" + "\n".join(map(str, violations))
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    cycles = find_cycles(SOURCE_ROOT)
+    assert not cycles, "import cycles (every import counted):\n" + "\n".join(
+        " <-> ".join(cycle) for cycle in cycles)
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    violations = private_imports(SOURCE_ROOT)
+    assert not violations, "\n".join(map(str, violations))
+
+
+def test_every_session_and_state_module_has_a_sub_layer() -> None:
+    for unit, layers in SUB_LAYERS.items():
+        placed = set(_layer_of(layers))
+        present = {p.stem if p.suffix == ".py" else p.name
+                   for p in (SOURCE_ROOT / PACKAGE / unit).iterdir()
+                   if (p.suffix == ".py" and p.stem != "__init__")
+                   or (p.is_dir() and (p / "__init__.py").exists())}
+        assert present == placed, (unit, sorted(present ^ placed))
 
 
 def test_every_subpackage_has_a_layer() -> None:
@@ -192,3 +352,65 @@ def test_a_unit_without_a_layer_is_reported(tmp_path: Path) -> None:
     _plant(tmp_path, {"__init__.py": "", "extra/__init__.py": "import os\n"})
     (violation,) = check_layers(tmp_path)
     assert violation.importer == "extra" and "no layer" in violation.problem
+
+
+_SESSION_TREE = {
+    "__init__.py": "",
+    "session/__init__.py": "",
+    "session/core/__init__.py": "",
+    "session/head/__init__.py": "",
+    "session/workers/__init__.py": "",
+}
+
+
+def test_a_planted_cycle_inside_session_is_refused(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        **_SESSION_TREE,
+        "session/core/context.py": "from dagster_slurm.session.core import current\n",
+        # a function-level import closes the cycle: it counts
+        "session/core/current.py": (
+            "def later():\n"
+            "    from dagster_slurm.session.core.context import SessionContext\n"
+            "    return SessionContext\n"
+        ),
+        "session/head/fine.py": "from dagster_slurm.session.core.context import x\n",
+    })
+    assert find_cycles(tmp_path) == [[
+        "dagster_slurm.session.core.context", "dagster_slurm.session.core.current"]]
+
+
+def test_a_type_only_cycle_through_the_front_is_refused(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        **_SESSION_TREE,
+        "session/session.py": "from dagster_slurm.session.head.acquire import acquire\n",
+        "session/head/acquire.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from dagster_slurm.session.session import RunSession\n"
+        ),
+    })
+    assert find_cycles(tmp_path) == [[
+        "dagster_slurm.session.head.acquire", "dagster_slurm.session.session"]]
+    (violation,) = check_sub_layers(tmp_path, {"session": SUB_LAYERS["session"]})
+    assert violation.importer == "session.head" and "session.session" in violation.problem
+
+
+def test_a_feature_importing_a_higher_feature_is_refused(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        **_SESSION_TREE,
+        "session/head/election.py": "from dagster_slurm.session.workers import keep\n",
+        "session/workers/keep.py": "from dagster_slurm.session.head.election import x\n",
+    })
+    found = check_sub_layers(tmp_path, {"session": SUB_LAYERS["session"]})
+    assert [(v.importer, v.imported) for v in found] == [
+        ("session.head", "dagster_slurm.session.workers.keep")]
+
+
+def test_a_private_import_between_modules_of_one_unit_is_refused(tmp_path: Path) -> None:
+    _plant(tmp_path, {
+        "__init__.py": "", "state/__init__.py": "",
+        "state/a.py": "_hidden = 1\n",
+        "state/b.py": "from dagster_slurm.state.a import _hidden\n",
+    })
+    (violation,) = private_imports(tmp_path)
+    assert violation.path == "dagster_slurm/state/b.py"

@@ -234,14 +234,14 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         try:
             return SlurmQueueConfig(**values)
         except ValidationError as error:
-            raise _in_own_words(error) from None
+            raise in_own_words(error) from None
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able copy, recorded in the session document with the allocation."""
         return self.model_dump(mode="json")
 
 
-def _in_own_words(error: ValidationError, owner: str = "SlurmRunAllocationConfig",
+def in_own_words(error: ValidationError, owner: str = "SlurmRunAllocationConfig",
                   source: str = "the Slurm resource's queue configuration") -> Exception:
     """The first problem of a combined queue configuration, as a :class:`ConfigurationError`
     naming the field as ``owner`` spells it (``cpus`` becomes ``cpus_per_task``); ``source``

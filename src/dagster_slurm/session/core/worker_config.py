@@ -36,7 +36,7 @@ from dagster_slurm.session.core.config import (
     ALLOCATION_VALIDATORS,
     QUEUE_FIELDS,
     SlurmRunAllocationConfig,
-    _in_own_words,
+    in_own_words,
 )
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.directives import OptionRules, validate_option_entries
@@ -214,7 +214,7 @@ class SlurmWorkerAllocationConfig(Config, KnownFieldsOnly):
         try:
             return SlurmQueueConfig(**values)
         except ValidationError as error:
-            raise _in_own_words(error, "SlurmWorkerAllocationConfig",
+            raise in_own_words(error, "SlurmWorkerAllocationConfig",
                                 "the first worker allocation or the head") from None
 
     def to_sbatch_spec(self, job_name: str, script_path: str, **overrides: Any) -> SbatchSpec:
@@ -371,6 +371,6 @@ def head_queue_config(queue: SlurmQueueConfig, head: SlurmRunAllocationConfig,
     try:
         return SlurmQueueConfig(**values)
     except ValidationError as error:
-        raise _in_own_words(error, "SlurmRunAllocationConfig",
+        raise in_own_words(error, "SlurmRunAllocationConfig",
                             "the head defaults and the queue's account, QoS and "
                             "reservation") from None

@@ -70,7 +70,7 @@ def run_session_for(
     separate head or a first worker allocation (:mod:`dagster_slurm.session.head.layout`);
     ``config`` is then the head allocation's configuration."""
     from dagster_slurm.jobs.activation import activation_for
-    from dagster_slurm.session.head.successor import publish_run_tag
+    from dagster_slurm.session.head.run_tag import publish_run_tag
 
     run_id = run_id_of(context)
     if run_id is None:

@@ -57,7 +57,7 @@ from dagster_slurm.session.core.errors import (
     SlurmStepFailed,
 )
 from dagster_slurm.session.frontend import reattach
-from dagster_slurm.session.head.successor import publish_run_tag
+from dagster_slurm.session.head.run_tag import publish_run_tag
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.accounting import SacctStep
 

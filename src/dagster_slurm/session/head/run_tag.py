@@ -2,7 +2,7 @@
 
 The tag names the allocation the run's steps use now. Two writers set it: every step, for
 the allocation it is about to run in (the session runner, through
-:func:`~dagster_slurm.session.head.successor.publish_run_tag`), and a promotion, for the allocation
+:func:`publish_run_tag`), and a promotion, for the allocation
 it promoted; a repeated promotion publishes again (its repair). The tag is not a
 compare-and-swap, so a promotion repeated late (by a process that read the session before a
 newer successor was promoted, whose steps already tagged the run with it) must not set it
@@ -14,13 +14,20 @@ the read and the write (a step of that allocation tagged the run in that moment)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
 
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
+from dagster_slurm.jobs.paths import run_id_of
 
 if TYPE_CHECKING:
     from dagster_slurm.session.core.context import SessionContext
+
+log = logging.getLogger("dagster_slurm.session")
+
+#: The run tag naming the allocation the run's steps use now.
+ALLOCATION_TAG = "dagster-slurm/allocation"
 
 
 def current_allocation(session: SessionContext) -> str | None:
@@ -52,3 +59,16 @@ def publish_promoted(session: SessionContext, job_id: str, out: ProgressLog) -> 
     except DagsterSlurmError as exc:
         out.warning(f"the run tag of allocation {job_id} was not published ({exc}); call "
                     "promote_successor() again")
+
+
+def publish_run_tag(context: Any, job_id: str) -> None:
+    """Set the run tag ``dagster-slurm/allocation`` of the context's run to ``job_id``
+    (best effort: logged, never raised; tags are for operators and sensors)."""
+    try:
+        instance, run_id = context.instance, run_id_of(context)
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.tags.get(ALLOCATION_TAG) != job_id:
+            instance.add_run_tags(run_id, {ALLOCATION_TAG: job_id})
+    except Exception as exc:  # noqa: BLE001 - informational only: logged, not raised
+        log.warning("run tag %s=%s not written (%s: %s)", ALLOCATION_TAG, job_id,
+                    type(exc).__name__, exc)

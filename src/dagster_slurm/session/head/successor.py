@@ -82,7 +82,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("dagster_slurm.session")
 
 #: Run tag holding the job id of the run's current allocation.
-ALLOCATION_TAG = "dagster-slurm/allocation"
 
 
 class SuccessorAllocation(SessionJob):
@@ -453,18 +452,3 @@ def _finish(session: SessionContext, job_id: str, predecessor: str | None, out: 
     except DagsterSlurmError as exc:
         out.error(f"could not release the predecessor allocation {predecessor}: {exc}; call "
                   f"promote_successor() again or run `scancel {predecessor}`")
-
-
-def publish_run_tag(context: Any, job_id: str) -> None:
-    """Set the run tag ``dagster-slurm/allocation`` of the context's run to ``job_id``
-    (best effort: logged, never raised; tags are for operators and sensors)."""
-    try:
-        from dagster_slurm.session.frontend.lifecycle import run_id_of
-
-        instance, run_id = context.instance, run_id_of(context)
-        run = instance.get_run_by_id(run_id)
-        if run is not None and run.tags.get(ALLOCATION_TAG) != job_id:
-            instance.add_run_tags(run_id, {ALLOCATION_TAG: job_id})
-    except Exception as exc:  # noqa: BLE001 - informational only: logged, not raised
-        log.warning("run tag %s=%s not written (%s: %s)", ALLOCATION_TAG, job_id,
-                    type(exc).__name__, exc)
