@@ -61,7 +61,7 @@ class RelayPolicy:
         return SlurmRunAllocationConfig(time_limit=self.successor_time_limit)
 
     def seconds_left(self, end_time: str | None, now: datetime | None = None) -> float | None:
-        """Seconds until ``end_time`` (as ``SlurmAllocation.end_time`` gives it); None when
+        """Seconds until ``end_time`` (as ``SlurmAllocation.query_end_time()`` gives it); None when
         the scheduler gave none (then nothing is decided this time round)."""
         if not end_time:
             return None
@@ -98,7 +98,7 @@ class Watch(threading.Thread):
 
     def check(self) -> None:
         """One look at the allocation's end time, and what the policy makes of it."""
-        left = self.policy.seconds_left(self.allocation.end_time)
+        left = self.policy.seconds_left(self.allocation.query_end_time())
         if left is None:
             return  # an unknown end decides nothing; Slurm's own signal still comes
         if self.successor is None and left <= self.policy.successor_lead:

@@ -455,10 +455,11 @@ def test_lower_level_allocation_api(env):
         BashLauncher(), activation=lambda: None,
     )
     try:
-        allocation = session.allocation
+        allocation = session.allocation  # the name of dagster-slurm 1.x: it submits and waits
+        assert session.ensure() is allocation and session.current_allocation() is allocation
         assert allocation.nodes and allocation.ray_address is None
-        end = allocation.end_time
-        assert end is not None and "T" in end
+        end = allocation.query_end_time()
+        assert end is not None and "T" in end and allocation.end_time == end
         ok = session.execute_in_session("hostname", name="host")
         assert ok.exit_code == 0 and not ok.drained
         assert ok.stdout_tail.strip() == allocation.nodes[0]

@@ -104,8 +104,11 @@ class _Successor:
 class _Cluster:
     """The session, allocation and scheduler calls the policy makes, recorded."""
 
+    def query_end_time(self) -> str | None:
+        return self.end
+
     def __init__(self, end_time: str | None, successor: _Successor | None = None) -> None:
-        self.job_id, self.end_time, self.drain_signal = "101", end_time, "TERM"
+        self.job_id, self.end, self.drain_signal = "101", end_time, "TERM"
         self.calls: list[str] = []
         self.successor = successor or _Successor(JobState.PENDING)
         self.scheduler = self
@@ -138,7 +141,7 @@ def test_the_watch_queues_the_successor_then_drains_when_the_end_comes_near() ->
     watch = Watch(near, near, policy, None, _Log())
     watch.check()
     assert near.calls == ["submit 01:00:00"] and watch.successor is near.successor
-    near.end_time = _in(60)
+    near.end = _in(60)
     watch.check()
     watch.check()
     assert near.calls == ["submit 01:00:00", "drain"]  # once: a drain is final

@@ -35,17 +35,13 @@ the feature that owns it, in one line:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shlex
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
-from dagster_slurm.jobs.paths import safe_name
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ComputeLauncher
@@ -54,9 +50,9 @@ from dagster_slurm.session.core.allocation import SlurmAllocation
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.context import SessionContext
 from dagster_slurm.session.core.errors import SlurmAllocationEnded, SlurmStepExecutionResult
-from dagster_slurm.session.core.heartbeat import Heartbeat
+from dagster_slurm.session.core.heartbeat import SessionThreads
 from dagster_slurm.session.core.io import AgentSessionIO, SessionIO
-from dagster_slurm.session.core.paths import SessionPaths, session_job_name
+from dagster_slurm.session.core.paths import SessionPaths, session_digest, session_job_name
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.head.acquire import acquire_head, new_allocation
 from dagster_slurm.session.head.election import replace_head
@@ -93,19 +89,6 @@ from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import new_session_document
 
 __all__ = ["RunSession", "session_digest"]
-
-
-def session_digest(queue: Any, config: SlurmRunAllocationConfig, launcher: ComputeLauncher,
-                   environment: Any = None, layout: RunLayout | None = None) -> str:
-    """8 hex digits identifying an allocation's shape, launcher and environment settings
-    and, with a ``layout`` (a separate head, a first worker allocation), that layout
-    (resources that differ in any of them get separate sessions)."""
-    parts = [queue.model_dump(mode="json"), config.snapshot(), type(launcher).__name__,
-             launcher.model_dump(mode="json"), environment]
-    if layout is not None:
-        parts.append(layout.snapshot())
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 class RunSession:
@@ -170,9 +153,9 @@ class RunSession:
         self.background = background
         #: True once a step of this process was interrupted (not an ordinary exception).
         self.interrupted = False
-        self._threads_lock = threading.Lock()
-        self._heartbeat: Heartbeat | None = None
-        self._head_watch: HeadWatch | None = None
+        self._threads = SessionThreads(
+            job_name, self.beat, config.heartbeat_interval, background=background,
+            watch=(lambda: HeadWatch(self.context)) if self.context.has_ray else None)
 
     # -- what the session is (read from the context) ----------------------------------------
     slurm = property(lambda self: self.context.slurm, doc="The cluster's ``SlurmResource``.")
@@ -467,7 +450,8 @@ class RunSession:
     # -- steps, heartbeat and teardown -----------------------------------------------------
     def _begin_use(self) -> None:
         self.context.current.begin_use()
-        self._start_background()
+        if not self.context.current.closed:
+            self._threads.start()
 
     def step_follow(self, step: str) -> Callable[[], None]:
         """The ``on_poll`` of a wait on ``step``: calls :attr:`follow` (nothing without one)."""
@@ -481,48 +465,18 @@ class RunSession:
     def cleanup_step(self, step_key: str) -> None:
         """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every
         allocation the session has had; submits nothing."""
-        from dagster_slurm.agent import remove_op
-
-        doc = self.io.read().doc
-        records = [] if doc is None else [doc.allocation, *doc.history.values()]
-        job_ids = {str(r.job_id) for r in records if r is not None and r.job_id}
-        if not job_ids:
-            return
-        with self.slurm.agent().batch() as batch:
-            for job_id in sorted(job_ids):
-                step_dir = f"{self.paths.steps_dir(job_id)}/{safe_name(step_key, 100)}"
-                batch.add(remove_op(step_dir, root=self.paths.session_dir))
+        self.context.remove_step_files(step_key)
 
     def beat(self) -> None:
         """One heartbeat: ``/heartbeat`` in the document and new content in the heartbeat
         file (the step server's dead-man's switch watches the content, not the mtime)."""
         self.context.beat()
 
-    def _start_background(self) -> None:
-        """The first beat, then (with ``background``) the heartbeat and head-watch threads."""
-        with self._threads_lock:
-            if self._heartbeat is not None or self.context.current.closed:
-                return
-            self.beat()
-            self._heartbeat = Heartbeat(self.job_name, self.beat, self.config.heartbeat_interval)
-            if not self.background:
-                return
-            self._heartbeat.start()
-            if self.has_ray:
-                self._head_watch = HeadWatch(self.context)
-                self._head_watch.start()
-
     def close(self, *, cancel: bool, reason: str = "", logger: Any = None) -> None:
         """Stop the heartbeat; with ``cancel``, cancel every job of the session's name and
         mark the session closed (also when this process never used the allocation)."""
         self.context.current.close()
-        with self._threads_lock:
-            heartbeat, self._heartbeat = self._heartbeat, None
-            watch, self._head_watch = self._head_watch, None
-        if heartbeat is not None and heartbeat.is_alive():
-            heartbeat.stop()
-        if watch is not None:
-            watch.stop()
+        self._threads.stop()
         if cancel:
             self.cancel_all(reason, logger)
 

@@ -125,16 +125,21 @@ class SlurmAllocation:
         return f"SlurmAllocation(job_id={self.job_id!r}, nodes={self.nodes!r}, ray_address={self.ray_address!r})"
 
     # -- live facts ------------------------------------------------------------------------
-    @property
-    def end_time(self) -> str | None:
+    def query_end_time(self) -> str | None:
         """When the scheduler currently expects the allocation to end, as Slurm prints it
-        (``2026-11-30T14:02:11``, the cluster's local time); queried live on every access.
-        None when the scheduler gives no end time (or no longer lists the job). Use this,
-        not the requested time_limit: backfill (``time_min``) and admins change it."""
+        (``2026-11-30T14:02:11``, the cluster's local time): one squeue on every call. None
+        when the scheduler gives no end time (or no longer lists the job). Use this, not the
+        requested time_limit: backfill (``time_min``) and admins change it."""
         record = self.scheduler.status([self.job_name], [self.job_id], accounting=False).queue.get(self.job_id)
         if record is None or record.end_time is None:
             return None
         return record.end_time.isoformat(timespec="seconds")
+
+    @property
+    def end_time(self) -> str | None:
+        """:meth:`query_end_time` (it runs squeue on every access); the property name of
+        earlier releases."""
+        return self.query_end_time()
 
     def state(self) -> JobState | None:
         """The allocation's scheduler state now (None when the scheduler does not say)."""

@@ -32,6 +32,7 @@ from dagster_slurm.backoff import sleep_checking
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.cancel import cancel_by_token
 from dagster_slurm.jobs.logs import ProgressLog
+from dagster_slurm.jobs.paths import safe_name
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
@@ -206,6 +207,21 @@ class SessionContext:
         assert isinstance(change, tr.Change)
         # new content every beat: the step server judges how long the content is unchanged
         self.io.beat(change, heartbeat_line())
+
+    def remove_step_files(self, step_key: str) -> None:
+        """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every
+        allocation the session has had (one round trip); submits nothing."""
+        from dagster_slurm.agent import remove_op
+
+        doc = self.io.read().doc
+        records = [] if doc is None else [doc.allocation, *doc.history.values()]
+        job_ids = {str(r.job_id) for r in records if r is not None and r.job_id}
+        if not job_ids:
+            return
+        with self.slurm.agent().batch() as batch:
+            for job_id in sorted(job_ids):
+                step_dir = f"{self.paths.steps_dir(job_id)}/{safe_name(step_key, 100)}"
+                batch.add(remove_op(step_dir, root=self.paths.session_dir))
 
     def recorded_config(self, job_id: str) -> Mapping[str, Any] | None:
         """The configuration recorded with head allocation ``job_id`` (None: not known)."""

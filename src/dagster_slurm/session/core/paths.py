@@ -22,7 +22,10 @@ restarted process finds the session (and any successor) from the run id alone.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from dagster_slurm.jobs.paths import InvocationPaths, safe_name
 
@@ -139,3 +142,16 @@ class SessionPaths:
         """Written by head allocation ``job_id``'s step server once its Ray head stopped
         answering while the job runs (epoch seconds)."""
         return f"{self.job_dir(job_id)}/ray_stopped"
+
+
+def session_digest(queue: Any, config: Any, launcher: Any,
+                   environment: Any = None, layout: Any = None) -> str:
+    """8 hex digits identifying an allocation's shape, launcher and environment settings
+    and, with a ``layout`` (a separate head, a first worker allocation), that layout
+    (resources that differ in any of them get separate sessions)."""
+    parts = [queue.model_dump(mode="json"), config.snapshot(), type(launcher).__name__,
+             launcher.model_dump(mode="json"), environment]
+    if layout is not None:
+        parts.append(layout.snapshot())
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]

@@ -27,8 +27,9 @@ from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, RunFollower
 from dagster_slurm.jobs.paths import run_id_of
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
+from dagster_slurm.session.core.paths import session_digest
 from dagster_slurm.session.head.layout import RunLayout, head_request
-from dagster_slurm.session.session import RunSession, session_digest
+from dagster_slurm.session.session import RunSession
 
 log = logging.getLogger("dagster_slurm.session")
 
