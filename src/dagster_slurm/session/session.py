@@ -275,7 +275,6 @@ class RunSession:
         allocation shaped like the first head. ``timeout``: seconds for the whole call
         (None: no limit); :class:`~dagster_slurm.session.head.election.HeadElectionTimeout`
         once it passed. See :mod:`dagster_slurm.session.head.election`."""
-
         self._begin_use()
         return replace_head(self.context, timeout, logger)
 
@@ -288,7 +287,6 @@ class RunSession:
         :class:`SessionError` naming the outstanding successor when one is outstanding. The
         successor carries the session's job name: teardown cancels it, pending or running.
         """
-
         self._begin_use()
         return submit_successor(self.context, config or SlurmRunAllocationConfig(), logger)
 
@@ -309,18 +307,16 @@ class RunSession:
         released, as the successor may be waiting for its nodes; one that is not drained is
         kept. A successor that does not start in time raises :class:`SessionError` and stays
         queued."""
-
         self._begin_use()
         return promote_successor(self.context, launcher, activation_script, logger, wait)
 
-    # -- scaling hooks (session/reconcile.py) ---------------------------------------------
+    # -- scaling hooks (session/scaling/) ---------------------------------------------
     def inspect(self) -> SessionSnapshot:
         """One observation of every allocation of the session (head, published successor,
         worker allocations): scheduler facts, Ray membership, drain state and the
         bookkeeping of :meth:`reconcile_workers`, in one round trip and one scheduler query;
         waits for nothing. Values that could not be observed are None; when the scheduler
         did not answer every state is None and ``certain`` is False."""
-
         return inspect(self.context)
 
     def reconcile_workers(self, intent: WorkerIntent, observed: SessionSnapshot | None = None,
@@ -338,7 +334,6 @@ class RunSession:
         or for a closed session: ``held_back`` says why. ``release`` names allocations of
         the intent to release in this call. Returns a
         :class:`~dagster_slurm.session.scaling.intents.ReconcileResult`."""
-
         self._begin_use()
         return reconcile_workers(self.context, intent, observed, release, max_submissions,
                                  max_observation_age, logger)
@@ -351,12 +346,11 @@ class RunSession:
 
         assign_worker_intent(self.context, job_id, key)
 
-    # -- worker allocations (session/workers.py, session/worker_removal.py) ----------------
+    # -- worker allocations (session/workers/) ----------------
     def add_worker_allocation(self, config: SlurmWorkerAllocationConfig,
                               logger: Any = None) -> WorkerAllocation:
         """Submit a worker allocation (a ``SlurmWorkerAllocationConfig``) whose nodes join
         the run's Ray cluster; returns its ``WorkerAllocation`` once sbatch answered."""
-
         self._begin_use()
         return add_worker_allocation(self.context, config, logger)
 
@@ -365,39 +359,40 @@ class RunSession:
         """Block until every node of ``allocation`` joined the run's Ray head (starting the
         head first if needed); their Ray node ids. Raises ``SessionError`` when the job
         ends first, ``TimeoutError`` after ``timeout`` seconds (None: no limit)."""
-
         self._begin_use()
         return wait_for_worker_allocation(self.context, allocation, timeout, logger)
 
     def remove_worker_allocation(self, allocation: WorkerAllocation | str,
                                  drain_timeout: float = 600.0, wait: bool = True,
                                  logger: Any = None) -> JobState | None:
-        """Remove a worker allocation (a handle of :attr:`worker_allocations`, or its job
-        id) from the run's Ray cluster: one that has not started is cancelled; a running one
+        """Remove a worker allocation (a handle of :meth:`list_worker_allocations`, or
+        its job id) from the run's Ray cluster: one that has not started is cancelled; a running one
         is drained through Ray (running tasks and actors go on, each node leaves once idle,
         what still runs ``drain_timeout`` seconds from now is stopped). Returns the job's
         final Slurm state, normally COMPLETED (CANCELLED for one that had not started);
         with ``wait=False`` None at once, the follow-up running in a daemon thread. Never
         signals the head allocation or the payload drivers."""
-
         self._begin_use()
         return remove_worker_allocation(self.context, allocation, drain_timeout, wait, logger)
 
-    @property
-    def worker_allocations(self) -> list[WorkerAllocation]:
+    def list_worker_allocations(self) -> list[WorkerAllocation]:
         """The session's live (not released) worker allocations, as the session document
-        records them (a restarted supervisor finds them here, to remove them)."""
-
+        records them (one read of it on the cluster; a restarted supervisor finds them here,
+        to remove them)."""
         return worker_allocations(self.context)
 
-    # -- start estimates (session/estimates.py) --------------------------------------------
+    @property
+    def worker_allocations(self) -> list[WorkerAllocation]:
+        """:meth:`list_worker_allocations` (it reads the cluster on every access)."""
+        return self.list_worker_allocations()
+
+    # -- start estimates (session/scaling/) --------------------------------------------
     def worker_sbatch_options(self, candidates: Sequence[SlurmWorkerAllocationConfig]
                               ) -> list[list[str]]:
         """For each candidate (a ``SlurmWorkerAllocationConfig``), the sbatch options
         :meth:`add_worker_allocation` would submit now: inherited fields resolved, without
         the batch script's path and the per-submission ``--comment`` token. One read of the
         session document; nothing is submitted."""
-
         return worker_sbatch_options(self.context, candidates)
 
     def estimate_worker_starts(self, candidates: Sequence[SlurmWorkerAllocationConfig],
@@ -410,7 +405,6 @@ class RunSession:
         ``SbatchTestOnlyEstimator()`` (``sbatch --test-only`` for all candidates in one SSH
         round trip, at most 8 per call, answers reused for 60 s). Nothing is queued or
         reserved."""
-
         return estimate_worker_starts(self.context, candidates, estimator)
 
     # -- extension points ------------------------------------------------------------------

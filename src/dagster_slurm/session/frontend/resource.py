@@ -18,14 +18,9 @@ from dagster_slurm.session.core.allocation import SlurmAllocation
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.errors import SlurmStepExecutionResult
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
+from dagster_slurm.session.frontend.delegation import session_method
 from dagster_slurm.session.head.layout import RunLayout, session_resource_layout
-from dagster_slurm.session.head.successor import SuccessorAllocation
-from dagster_slurm.session.scaling.estimates import WorkerStartEstimate, WorkerStartEstimator
-from dagster_slurm.session.scaling.intents import ReconcileResult, WorkerIntent
-from dagster_slurm.session.scaling.snapshot import SessionSnapshot
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.workers.submit import WorkerAllocation
-from dagster_slurm.slurm.states import JobState
 from dagster_slurm.slurm.validation import validate_count
 
 #: Allocation fields the published package's SlurmSessionResource took directly (the "flat"
@@ -178,72 +173,20 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
         """The run's current allocation (submitted or attached to, and ready)."""
         return self.get_session(context).ensure(getattr(context, "log", None))
 
-    def replace_head(self, context: Any, timeout: float | None = None) -> SlurmAllocation:
-        """The run's healthy head, electing one first when it has none; see
-        :meth:`RunSession.replace_head`."""
-        return self.get_session(context).replace_head(timeout, logger=getattr(context, "log", None))
-
-    def submit_successor(self, context: Any,
-                         config: SlurmRunAllocationConfig | None = None) -> SuccessorAllocation:
-        """Queue a successor of the run's current allocation; see
-        :meth:`RunSession.submit_successor`."""
-        return self.get_session(context).submit_successor(config,
-                                                          logger=getattr(context, "log", None))
-
-    def promote_successor(self, context: Any, launcher: ComputeLauncher | None = None,
-                          activation_script: str | None = None, *,
-                          wait: float | None = None) -> SlurmAllocation:
-        """Make the run's RUNNING successor its allocation (``wait``: seconds to wait for a
-        queued one to start first); see :meth:`RunSession.promote_successor`."""
-        return self.get_session(context).promote_successor(
-            launcher, activation_script, logger=getattr(context, "log", None), wait=wait)
-
-    def inspect(self, context: Any) -> SessionSnapshot:
-        """One observation of the run's allocations; see :meth:`RunSession.inspect`."""
-        return self.get_session(context).inspect()
-
-    def reconcile_workers(self, context: Any, intent: WorkerIntent,
-                          observed: SessionSnapshot | None = None,
-                          release: Sequence[str] | None = None,
-                          max_submissions: int | None = None, *,
-                          max_observation_age: float = 300.0) -> ReconcileResult:
-        """Submit or release worker allocations until ``intent`` holds; see
-        :meth:`RunSession.reconcile_workers`."""
-        return self.get_session(context).reconcile_workers(
-            intent, observed, release, max_submissions,
-            max_observation_age=max_observation_age, logger=getattr(context, "log", None))
-
-    def assign_worker_intent(self, context: Any, job_id: str, key: str | None) -> None:
-        """Move a worker allocation into (or out of) an intent; see
-        :meth:`RunSession.assign_worker_intent`."""
-        self.get_session(context).assign_worker_intent(job_id, key)
-
-    def add_worker_allocation(self, context: Any,
-                              config: SlurmWorkerAllocationConfig) -> WorkerAllocation:
-        """Submit a worker allocation whose nodes join the run's Ray cluster; returns its
-        handle once sbatch answered; see :meth:`RunSession.add_worker_allocation`."""
-        return self.get_session(context).add_worker_allocation(
-            config, logger=getattr(context, "log", None))
-
-    def wait_for_worker_allocation(self, context: Any, allocation: WorkerAllocation,
-                                   timeout: float | None = None) -> list[str]:
-        """Wait until every node of ``allocation`` joined the run's Ray cluster (``timeout``
-        seconds at most; None: no limit); their Ray node ids; see
-        :meth:`RunSession.wait_for_worker_allocation`."""
-        return self.get_session(context).wait_for_worker_allocation(
-            allocation, timeout, logger=getattr(context, "log", None))
-
-    def remove_worker_allocation(self, context: Any, allocation: WorkerAllocation | str,
-                                 drain_timeout: float = 600.0,
-                                 wait: bool = True) -> JobState | None:
-        """Drain (or, not started yet, cancel) a worker allocation; its final Slurm state
-        (None with ``wait=False``); see :meth:`RunSession.remove_worker_allocation`."""
-        return self.get_session(context).remove_worker_allocation(
-            allocation, drain_timeout, wait, logger=getattr(context, "log", None))
-
-    def worker_allocations(self, context: Any) -> list[WorkerAllocation]:
-        """The run's live worker allocations; see :attr:`RunSession.worker_allocations`."""
-        return self.get_session(context).worker_allocations
+    # The session's operations on the context's run, with the session methods' signatures
+    # (their parameters after ``context``, their defaults; ``logger`` is ``context.log``).
+    replace_head = session_method("replace_head")
+    submit_successor = session_method("submit_successor")
+    promote_successor = session_method("promote_successor")
+    inspect = session_method("inspect")
+    reconcile_workers = session_method("reconcile_workers")
+    assign_worker_intent = session_method("assign_worker_intent")
+    add_worker_allocation = session_method("add_worker_allocation")
+    wait_for_worker_allocation = session_method("wait_for_worker_allocation")
+    remove_worker_allocation = session_method("remove_worker_allocation")
+    worker_allocations = session_method("list_worker_allocations", "worker_allocations")
+    worker_sbatch_options = session_method("worker_sbatch_options")
+    estimate_worker_starts = session_method("estimate_worker_starts")
 
     def execute_in_session(
         self,
@@ -262,20 +205,6 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
             command, name=name, env=env, raise_on_error=raise_on_error,
             logger=getattr(context, "log", None),
         )
-
-    def worker_sbatch_options(self, context: Any,
-                              candidates: Sequence[SlurmWorkerAllocationConfig]) -> list[list[str]]:
-        """For each candidate, the sbatch options ``add_worker_allocation`` would submit for
-        the context's run; see :meth:`RunSession.worker_sbatch_options`."""
-        return self.get_session(context).worker_sbatch_options(candidates)
-
-    def estimate_worker_starts(self, context: Any,
-                               candidates: Sequence[SlurmWorkerAllocationConfig],
-                               estimator: WorkerStartEstimator | None = None
-                               ) -> list[WorkerStartEstimate]:
-        """The scheduler's start estimate for each candidate worker allocation of the
-        context's run; see :meth:`RunSession.estimate_worker_starts`."""
-        return self.get_session(context).estimate_worker_starts(candidates, estimator)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
         self.slurm.acquire()
