@@ -188,7 +188,7 @@ def run_relay(context: dg.AssetExecutionContext, compute: ComputeResource, paylo
     session = None if compute.mode == "local" else compute.get_run_allocation_session(context)
     successor = None
     for _round in range(max_rounds):
-        allocation = session.allocation if session is not None else None
+        allocation = session.ensure() if session is not None else None
         watch = None
         if session is not None and allocation is not None:
             watch = Watch(session, allocation, policy, successor, context.log)
