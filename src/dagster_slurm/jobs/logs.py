@@ -3,9 +3,9 @@
 :class:`ProgressLog` sends progress lines to a Dagster logger (``context.log``) when one is
 given, else to Python ``logging``; :func:`notable_stdout_sink` copies a payload's stdout to
 this process's stdout and logs the launcher's notable lines (the Ray dashboard URL, the Spark
-master's web UI and their ``ssh -L`` hints, defined once in :mod:`dagster_slurm.launchers.ray`
-and :mod:`dagster_slurm.launchers.spark`); :func:`notable_lines`
-picks the same lines out of a log text.
+master's web UI and their ``ssh -L`` hints, defined once in
+:mod:`dagster_slurm.launchers.ray_script` and :mod:`dagster_slurm.launchers.spark`);
+:func:`notable_lines` picks the same lines out of a log text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dagster_slurm.launchers.ray import RAY_NOTABLE_PREFIXES
+from dagster_slurm.launchers.ray_script import RAY_NOTABLE_PREFIXES
 from dagster_slurm.launchers.spark import SPARK_NOTABLE_PREFIXES
 
 log = logging.getLogger("dagster_slurm.session")

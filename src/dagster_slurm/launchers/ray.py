@@ -1,43 +1,16 @@
 """The Ray launcher: a Ray cluster for the payload, started by the job script itself.
 
-In ``slurm`` mode the job script (running on the allocation's first node) starts one Ray
-node per host of the allocation, each inside an ``srun --overlap`` step: the head on its
-own host, then, once the head's GCS answers, a worker on every other host. Each node works
-out its own address and ports on its host; the workers get the head's *address*, so host
-names never have to resolve between nodes. When every node has joined, the payload runs on
-the head's host with ``RAY_ADDRESS`` set (``ray.init(address="auto")`` connects), under
-the same signal and exit-status contract as with :class:`~dagster_slurm.launchers.BashLauncher`.
-Afterwards, and on a failed start, every node is stopped, the workers before the head:
-its shell (told through ``scancel --signal=URG`` on its step, a signal Ray's processes
-ignore) sends SIGTERM to its ``ray start`` alone, which shuts the node down in order; the
-script waits up to :data:`RAY_STOP_GRACE_SECONDS`, then ends the step. Never ``ray stop``:
-it would stop every Ray cluster of the host. After a cancellation or drain the nodes are
-asked to stop without waiting, so that the status file is written before Slurm kills what
-is left; ``ray start --block`` keeps all Ray processes inside the steps, where Slurm's
-process tracking finds them (their temp dirs may then stay behind).
-
-In ``local`` mode the same script starts one Ray node on this machine (address 127.0.0.1
-unless configured) and stops it the same way.
-
-Script contract, beyond the common one (``templates/job_common.sh``):
-
-* exit status :data:`RAY_START_FAILED_STATUS` when the cluster does not come up: a node's
-  step ended early, or not all nodes joined within ``startup_timeout``; the last lines of
-  the job's stderr name the nodes and show their last output lines (Ray's own log tails
-  included);
-* stdout gets ``Ray head node web UI: http://<address>:<port>`` and an ``ssh -L`` hint;
-* exit status 125 when ``working_dir`` cannot be entered;
-* each node's output goes to ``ray-node-<index>.log`` in the job directory and, prefixed
-  with ``[ray <host>]``, to the job's stderr;
-* the ``ray`` command must be on ``PATH`` after activation, on every node.
-
-Ports: see :mod:`dagster_slurm.launchers.ray_ports`.
+:class:`RayLauncher` holds the launcher's settings, checks them and renders the job script
+from them. What the script does (one Ray node per host of the allocation, the payload on the
+head with ``RAY_ADDRESS`` set, the nodes stopped afterwards) and its contract (exit statuses,
+output lines) are described in :mod:`dagster_slurm.launchers.ray_script`; what Ray and the
+launcher allow in the settings in :mod:`dagster_slurm.launchers.ray_limits`; the port blocks
+in :mod:`dagster_slurm.launchers.ray_ports`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
@@ -45,117 +18,44 @@ from pydantic import Field, field_validator, model_validator
 from dagster_slurm.config_errors import PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
+from dagster_slurm.launchers.ray_limits import (
+    HOST_ADDRESS,
+    MIN_OBJECT_STORE_MEMORY,
+    NETWORK_INTERFACE,
+    RAY_MANAGED_OPTIONS,
+    RAY_START_RULES,
+    TEMP_DIR_MAX,
+    check_temp_dir,
+    has_control_characters,
+)
 from dagster_slurm.launchers.ray_ports import (
-    FIRST_WORKER_OFFSET,
     HIGHEST_PORT,
     LOWEST_PORT,
     PORT_OFFSETS,
     PortStrategy,
     RayPortConfig,
+    port_block_functions,
 )
-from dagster_slurm.launchers.script import render_prologue, render_template
-from dagster_slurm.slurm.directives import OptionRules, validate_option_entries
-
-RAY_TEMPLATE = "ray_launcher.sh"
-"""The Ray launcher's part of the job script (after the common prologue)."""
-RAY_NODE_TEMPLATE = "ray_node.sh"
-"""Functions that run on every Ray node."""
-RAY_PORTS_TEMPLATE = "ray_ports.sh"
-"""Port block selection, run on every Ray node."""
-
-RAY_START_FAILED_STATUS = 123
-"""Exit status of a job whose Ray cluster did not come up."""
-
-RAY_STOP_GRACE_SECONDS = 15
-"""How long the script waits for Ray nodes to stop after SIGTERM before killing them."""
-
-UNIX_SOCKET_PATH_MAX = 107
-"""Longest Unix socket path Linux accepts (108 bytes with the terminating NUL)."""
-
-RAY_SOCKET_SUFFIX = len("/session_2025-01-01_00-00-00_000000_4194304/sockets/plasma_store.1")
-"""Longest part Ray appends to its temp dir for a socket path (session dir, socket name)."""
-
-TEMP_DIR_MAX = UNIX_SOCKET_PATH_MAX - RAY_SOCKET_SUFFIX
-"""Longest Ray temp dir whose socket paths still fit (41 bytes)."""
-
-MIN_OBJECT_STORE_MEMORY = 78_643_200
-"""Smallest object store Ray accepts (75 MiB)."""
-
-RAY_DASHBOARD_PREFIX = "Ray head node web UI:"
-"""Start of the job script's stdout line with the Ray dashboard's URL."""
-
-RAY_TUNNEL_PREFIX = "To reach it from your machine:"
-"""Start of the job script's stdout line with the ``ssh -L`` command that reaches the
-dashboard from outside the cluster (slurm mode only)."""
-
-RAY_NOTABLE_PREFIXES = (RAY_DASHBOARD_PREFIX, RAY_TUNNEL_PREFIX)
-"""Starts of the launcher's stdout lines that also belong in the Dagster log. The only
-definition of these lines: the script prints them from :data:`RAY_DASHBOARD_FORMAT` and
-:data:`RAY_TUNNEL_FORMAT`, and :mod:`dagster_slurm.jobs.logs` picks them out of the output."""
-
-RAY_DASHBOARD_FORMAT = RAY_DASHBOARD_PREFIX + " http://%s:%s\\n"
-"""``printf`` format of the dashboard line (arguments: head address, dashboard port)."""
-
-RAY_TUNNEL_FORMAT = RAY_TUNNEL_PREFIX + " ssh -L 8265:%s:%s <login-host>, then open %s\\n"
-"""``printf`` format of the tunnel line (arguments: head address, dashboard port, local URL)."""
-
-SCRIPT_PORT_ORDER: tuple[str, ...] = (*PORT_OFFSETS, "min_worker")
-"""Order of the offsets handed to the script (``__ds_ray_port`` in ``ray_ports.sh``)."""
-
-_SET_BY_LAUNCHER = "is set by the launcher on every node"
-_FROM_BLOCK = "is taken from the node's port block; configure port_config instead"
-_USE = "is set by the launcher; use "
-
-#: ``ray start`` options the launcher passes itself, with what to use instead.
-RAY_MANAGED_OPTIONS: dict[str, str] = {
-    "num-cpus": _USE + "num_cpus_per_node",
-    "num-gpus": _USE + "num_gpus_per_node",
-    "object-store-memory": _USE + "object_store_memory",
-    "redis-password": _USE + "redis_password",
-    "temp-dir": _USE + "temp_dir",
-    "node-ip-address": _USE + "network_interface or node_ip_address_command",
-    "address": _USE + "head_node_address (workers join the head the job starts)",
-    "port": _USE + "ray_port",
-    "dashboard-port": _USE + "dashboard_port",
-    "include-dashboard": _USE + "include_dashboard",
-    "dashboard-host": _SET_BY_LAUNCHER,
-    "head": _SET_BY_LAUNCHER + " (the first node is the head)",
-    "block": _SET_BY_LAUNCHER + " (it keeps Ray inside the job step)",
-    "resources": _SET_BY_LAUNCHER + " (it marks the head and the workers)",
-    "disable-usage-stats": _SET_BY_LAUNCHER,
-    "log-color": _SET_BY_LAUNCHER,
-    "node-manager-port": _FROM_BLOCK,
-    "object-manager-port": _FROM_BLOCK,
-    "dashboard-agent-listen-port": _FROM_BLOCK,
-    "dashboard-agent-grpc-port": _FROM_BLOCK,
-    "metrics-export-port": _FROM_BLOCK,
-    "runtime-env-agent-port": _FROM_BLOCK,
-    "ray-client-server-port": _FROM_BLOCK,
-    "min-worker-port": _FROM_BLOCK,
-    "max-worker-port": _FROM_BLOCK,
-}
-
-
-def _ray_reserved(name: str) -> str | None:
-    advice = RAY_MANAGED_OPTIONS.get(name)
-    return None if advice is None else f"--{name} {advice}"
-
-
-RAY_START_RULES = OptionRules(
-    program="ray start",
-    reserved=_ray_reserved,
-    short_form=lambda entry: (
-        "only long-form options are accepted, one per entry, e.g. '--log-style=record'"
-    ),
-    example="--log-style=record",
+from dagster_slurm.launchers.ray_script import (
+    RAY_DASHBOARD_FORMAT,
+    RAY_NODE_TEMPLATE,
+    RAY_START_FAILED_STATUS,
+    RAY_STOP_GRACE_SECONDS,
+    RAY_TEMPLATE,
+    RAY_TUNNEL_FORMAT,
 )
-"""What ``ray_start_args`` may hold: the rules of extra sbatch options (one long-form
-option per entry, no whitespace, quotes or backslashes, each option once), with the options
-the launcher passes itself refused instead of sbatch's."""
+from dagster_slurm.launchers.script import optional_word, render_prologue, render_template
+from dagster_slurm.slurm.directives import validate_option_entries
 
-_INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
-_ADDRESS = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,253}")
-
+#: The public names: the launcher, and the constants of its script contract and of its
+#: refused ``ray start`` options that other packages use (defined in ``ray_script`` and
+#: ``ray_limits``, importable from here as before).
+__all__ = [
+    "RAY_MANAGED_OPTIONS",
+    "RAY_START_FAILED_STATUS",
+    "RAY_STOP_GRACE_SECONDS",
+    "RayLauncher",
+]
 
 GIGABYTE = 1_000_000_000
 """Bytes in a gigabyte of the published ``object_store_memory_gb`` (a decimal gigabyte)."""
@@ -173,16 +73,13 @@ def _gigabytes(value: object) -> int | None:
     return int(round(value * GIGABYTE))
 
 
-def _has_control(text: str) -> bool:
-    return any(ord(char) < 32 or ord(char) == 127 for char in text)
-
-
 class RayLauncher(PublishedNames, ComputeLauncher):
     """Starts a Ray cluster inside the job, runs the payload on its head, then stops it.
 
     ``slurm`` mode: one Ray node per host of the allocation (the head on the first); local
     mode: one Ray node on this machine. The payload finds the cluster through
-    ``RAY_ADDRESS``. See the module documentation for the script's behaviour.
+    ``RAY_ADDRESS``. :mod:`dagster_slurm.launchers.ray_script` describes the script's
+    behaviour.
 
     The published package's ``object_store_memory_gb=`` (gigabytes of 10**9 bytes) and
     ``head_startup_timeout=`` are accepted for ``object_store_memory`` (bytes) and
@@ -343,7 +240,7 @@ class RayLauncher(PublishedNames, ComputeLauncher):
     @field_validator("working_dir", "redis_password")
     @classmethod
     def _check_text(cls, value: str | None, info: Any) -> str | None:
-        if value is not None and (not value or _has_control(value)):
+        if value is not None and (not value or has_control_characters(value)):
             raise ValueError(
                 f"{info.field_name}={value!r}: must be non-empty, without control characters"
             )
@@ -352,14 +249,14 @@ class RayLauncher(PublishedNames, ComputeLauncher):
     @field_validator("network_interface")
     @classmethod
     def _check_interface(cls, value: str | None) -> str | None:
-        if value is not None and _INTERFACE.fullmatch(value) is None:
+        if value is not None and NETWORK_INTERFACE.fullmatch(value) is None:
             raise ValueError(f"network_interface={value!r}: not a network interface name")
         return value
 
     @field_validator("head_node_address", "dashboard_host")
     @classmethod
     def _check_address(cls, value: str | None, info: Any) -> str | None:
-        if value is not None and _ADDRESS.fullmatch(value) is None:
+        if value is not None and HOST_ADDRESS.fullmatch(value) is None:
             raise ValueError(f"{info.field_name}={value!r}: not a host name or IP address")
         return value
 
@@ -405,20 +302,7 @@ class RayLauncher(PublishedNames, ComputeLauncher):
     @field_validator("temp_dir")
     @classmethod
     def _check_temp_dir(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not value.startswith("/") or _has_control(value):
-            raise ValueError(
-                f"temp_dir={value!r}: must be an absolute path without control characters"
-            )
-        size = len(value.rstrip("/").encode("utf-8"))
-        if size > TEMP_DIR_MAX:
-            raise ValueError(
-                f"temp_dir={value!r}: {size} bytes is too long; Ray creates Unix sockets "
-                f"below it and their paths are limited to {UNIX_SOCKET_PATH_MAX} bytes, so "
-                f"use at most {TEMP_DIR_MAX} bytes (e.g. /tmp/ray-<name>)"
-            )
-        return value.rstrip("/") or "/"
+        return None if value is None else check_temp_dir(value)
 
     @model_validator(mode="after")
     def _check_fixed_ports(self) -> RayLauncher:
@@ -476,9 +360,9 @@ class RayLauncher(PublishedNames, ComputeLauncher):
             RAY_NODE_TEMPLATE,
             {
                 "mode": mode,
-                "num_cpus": _optional(self.num_cpus_per_node),
+                "num_cpus": optional_word(self.num_cpus_per_node),
                 "num_gpus": str(self.num_gpus_per_node),
-                "object_store_memory": _optional(self.object_store_memory),
+                "object_store_memory": optional_word(self.object_store_memory),
                 "include_dashboard": "1" if self.include_dashboard else "",
                 "dashboard_host": self.dashboard_host or "",
                 "temp_dir": self.temp_dir or "",
@@ -489,34 +373,3 @@ class RayLauncher(PublishedNames, ComputeLauncher):
                 "ray_start_args": list(self.ray_start_args),
             },
         )
-
-
-def _optional(value: int | None) -> str:
-    return "" if value is None else str(value)
-
-
-def port_block_functions(
-    strategy: str, config: RayPortConfig, *, ray_port: int | None = None,
-    dashboard_port: int | None = None,
-) -> str:
-    """The shell functions and settings of ``templates/ray_ports.sh`` that pick a port
-    block on a node (``__ds_ray_choose_block``), for Ray nodes and the other launchers
-    that take blocks from the same range and lock files. They log through
-    ``__ds_ray_node_log``, which the including script defines."""
-    offsets = [
-        str(FIRST_WORKER_OFFSET if name == "min_worker" else PORT_OFFSETS[name])
-        for name in SCRIPT_PORT_ORDER
-    ]
-    return render_template(
-        RAY_PORTS_TEMPLATE,
-        {
-            "strategy": strategy,
-            "range_start": str(config.range_start),
-            "range_end": str(config.range_end),
-            "block_size": str(config.block_size),
-            "lock_dir": config.lock_dir,
-            "ray_port": _optional(ray_port),
-            "dashboard_port": _optional(dashboard_port),
-            "offsets": offsets,
-        },
-    )

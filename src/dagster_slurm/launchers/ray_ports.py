@@ -21,9 +21,9 @@ Ray client              8       ``--ray-client-server-port``
 workers                 10..    ``--min-worker-port`` .. ``--max-worker-port`` (rest of the block)
 ======================  ======  ====================================================
 
-The job script does the picking at run time, on each node (``templates/ray_ports.sh``);
-this module holds the same rules in Python so that they are validated before submission
-and unit-tested:
+The job script does the picking at run time, on each node (``templates/ray_ports.sh``,
+rendered by :func:`port_block_functions`); this module holds the same rules in Python so
+that they are validated before submission and unit-tested:
 
 * ``random``: start at a random block, try blocks in order (wrapping around) until one can
   be locked with ``flock`` and has no listening socket; see :func:`candidate_blocks` and
@@ -48,6 +48,7 @@ from dagster import Config
 from pydantic import ConfigDict, Field, model_validator
 
 from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.launchers.script import optional_word, render_template
 
 PortStrategy = Literal["random", "hash_jobid", "fixed"]
 """How a Ray node picks its port block (see the module docstring)."""
@@ -72,6 +73,9 @@ PORT_OFFSETS: Mapping[str, int] = MappingProxyType(
     }
 )
 """Offset of each fixed port from the block's base."""
+
+RAY_PORTS_TEMPLATE = "ray_ports.sh"
+"""Port block selection, run on every Ray node."""
 
 FIRST_WORKER_OFFSET = 10
 """Worker ports run from ``base + FIRST_WORKER_OFFSET`` to the block's last port."""
@@ -239,3 +243,34 @@ def fixed_block_base(config: RayPortConfig, node_index: int) -> int:
 def reserved_offsets() -> frozenset[int]:
     """Offsets of the fixed ports (the ones that are not worker ports)."""
     return frozenset(PORT_OFFSETS.values())
+
+
+SCRIPT_PORT_ORDER: tuple[str, ...] = (*PORT_OFFSETS, "min_worker")
+"""Order of the offsets handed to the script (``__ds_ray_port`` in ``ray_ports.sh``)."""
+
+
+def port_block_functions(
+    strategy: str, config: RayPortConfig, *, ray_port: int | None = None,
+    dashboard_port: int | None = None,
+) -> str:
+    """The shell functions and settings of ``templates/ray_ports.sh`` that pick a port
+    block on a node (``__ds_ray_choose_block``), for Ray nodes and the other launchers
+    that take blocks from the same range and lock files. They log through
+    ``__ds_ray_node_log``, which the including script defines."""
+    offsets = [
+        str(FIRST_WORKER_OFFSET if name == "min_worker" else PORT_OFFSETS[name])
+        for name in SCRIPT_PORT_ORDER
+    ]
+    return render_template(
+        RAY_PORTS_TEMPLATE,
+        {
+            "strategy": strategy,
+            "range_start": str(config.range_start),
+            "range_end": str(config.range_end),
+            "block_size": str(config.block_size),
+            "lock_dir": config.lock_dir,
+            "ray_port": optional_word(ray_port),
+            "dashboard_port": optional_word(dashboard_port),
+            "offsets": offsets,
+        },
+    )

@@ -112,6 +112,12 @@ def shell_words(values: Sequence[str], indent: str = "    ") -> str:
     return "".join(f"\n{indent}{shell_word(value)}" for value in values) + "\n"
 
 
+def optional_word(value: int | None) -> str:
+    """The word of an optional number for :func:`render_template`: ``''`` for None (the
+    templates test for an empty value), else the number's decimal text."""
+    return "" if value is None else str(value)
+
+
 def render_template(
     name: str,
     words: Mapping[str, str | Sequence[str]],

@@ -53,8 +53,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan
-from dagster_slurm.launchers.ray import port_block_functions
-from dagster_slurm.launchers.ray_ports import PortStrategy, RayPortConfig
+from dagster_slurm.launchers.ray_ports import PortStrategy, RayPortConfig, port_block_functions
 from dagster_slurm.launchers.script import render_prologue, render_template
 
 SPARK_TEMPLATE = "spark_launcher.sh"

@@ -44,76 +44,31 @@ then be delivered again. Nothing orders messages relative to stdout/stderr lines
 
 Dagster's own threaded readers are not used as the base: they poll at whole-second
 granularity, read logs in separate threads (one round trip each) and drop incomplete lines.
+The polling itself (file positions, pacing, delivery, the final drain) is
+:class:`~dagster_slurm.pipes.poller.TailPoller`; this module holds the Dagster-facing reader
+that runs it in a thread.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from dagster import PipesLaunchedData, PipesMessageHandler, PipesMessageReader
 from dagster_pipes import PipesDefaultMessageWriter, PipesOpenedData, PipesParams
 
-from dagster_slurm.agent.results import TailChunk, TailRequest
+from dagster_slurm.pipes.poller import LineSink, ReaderStats, TailPoller
 from dagster_slurm.pipes.sources import FileSource
-from dagster_slurm.pipes.tailing import TailedFile, Throttle, check_answer
 
 __all__ = ["PipesTailMessageReader", "ReaderStats"]
-
-log = logging.getLogger("dagster_slurm.pipes")
-
-LineSink = Callable[[str], None]
 
 DEFAULT_POLL_INTERVAL = 0.25
 DEFAULT_IDLE_INTERVAL = 1.0
 DEFAULT_MAX_BYTES_PER_FILE = 8 * 1024 * 1024
 DEFAULT_DRAIN_TIMEOUT = 60.0
-#: Polls at ``poll_interval`` while no file exists yet, before the wait starts doubling up to
-#: ``idle_interval`` (a job that starts at once is seen at once; a queued one is spared).
-IDLE_POLLS_AT_POLL_INTERVAL = 4
-#: Pause between polls of the final drain while waiting for the closed message or a file.
-DRAIN_POLL_INTERVAL = 0.1
-#: Longest stdout/stderr line kept whole; a longer run of bytes without newline is cut.
-MAX_LOG_LINE_BYTES = 1024 * 1024
-#: Invalid message lines logged one by one before the reader only counts them.
-MAX_INVALID_LINE_WARNINGS = 10
-
-
-@dataclass
-class ReaderStats:
-    """Counters of one :meth:`PipesTailMessageReader.read_messages` block (for benchmarks)."""
-
-    polls: int = 0
-    """Calls of ``source.read`` (round trips), failed ones included."""
-    drain_polls: int = 0
-    """Of these, the calls made by the final drain."""
-    failed_polls: int = 0
-    """Polls that raised or returned an unusable answer (retried with the same offsets)."""
-    messages: int = 0
-    """Messages handed to Dagster's handler."""
-    message_bytes: int = 0
-    """Bytes of the messages file consumed (delivered and skipped lines)."""
-    bytes_read: int = 0
-    """Bytes received from all three files."""
-    stdout_lines: int = 0
-    stderr_lines: int = 0
-    invalid_lines: int = 0
-    """Lines of the messages file skipped because they were not JSON messages."""
-
-
-@dataclass(frozen=True)
-class _PollOutcome:
-    ok: bool
-    got_data: bool = False
-    behind: bool = False
-    all_eof: bool = False
 
 
 def _write_stdout(line: str) -> None:
@@ -189,45 +144,42 @@ class PipesTailMessageReader(PipesMessageReader):
         self.closed_grace = closed_grace
         self.warning_interval = warning_interval
         self.max_retry_interval = max_retry_interval
-        self._sinks: dict[str, LineSink] = {
-            "stdout": stdout_sink or _write_stdout,
-            "stderr": stderr_sink or _write_stderr,
-        }
-        self._tails: dict[str, deque[str]] = {
-            "stdout": deque(maxlen=tail_lines),
-            "stderr": deque(maxlen=tail_lines),
-        }
-        self._clock = clock
-        self._sleep = sleep
         self.opened_payload: PipesOpenedData | None = None
         self.launched_payload: PipesLaunchedData | None = None
         self._active = False
-        self._reset()
+        self._poller = TailPoller(
+            self,
+            {"stdout": stdout_sink or _write_stdout, "stderr": stderr_sink or _write_stderr},
+            tail_lines=tail_lines,
+            clock=clock,
+            sleep=sleep,
+            label=type(self).__name__,
+        )
 
     # -- public state ------------------------------------------------------------------------
 
     @property
     def stats(self) -> ReaderStats:
         """Counters of the current (or last) :meth:`read_messages` block."""
-        return self._stats
+        return self._poller.stats
 
     @property
     def last_poll_error(self) -> Exception | None:
         """Why the latest poll failed; ``None`` when it succeeded (or none ran yet)."""
-        return self._last_poll_error
+        return self._poller.last_poll_error
 
     @property
     def received_closed(self) -> bool:
         """Whether the payload's ``closed`` message has been delivered."""
-        return self._seen_closed
+        return self._poller.received_closed
 
     def stdout_tail(self, lines: int | None = None) -> str:
         """The last stdout lines read (at most ``tail_lines``), newline-separated."""
-        return _last(self._tails["stdout"], lines)
+        return self._poller.tail("stdout", lines)
 
     def stderr_tail(self, lines: int | None = None) -> str:
         """The last stderr lines read (at most ``tail_lines``), newline-separated."""
-        return _last(self._tails["stderr"], lines)
+        return self._poller.tail("stderr", lines)
 
     # -- PipesMessageReader ------------------------------------------------------------------
 
@@ -241,20 +193,19 @@ class PipesTailMessageReader(PipesMessageReader):
         """
         if self._active:
             raise RuntimeError("this reader is already reading (one Pipes session at a time)")
-        self._reset()
+        self._poller.reset()
         self._active = True
         thread = threading.Thread(
-            target=self._poll_loop, args=(handler,), name="pipes-tail-reader", daemon=True
+            target=self._poller.run, args=(handler,), name="pipes-tail-reader", daemon=True
         )
         thread.start()
         try:
             yield {PipesDefaultMessageWriter.FILE_PATH_KEY: self.messages_path}
         finally:
-            self._stopping = True
-            self._wakeup.set()
+            self._poller.stop()
             thread.join()
             try:
-                self._drain(handler)
+                self._poller.drain(handler)
             finally:
                 self._active = False
 
@@ -286,241 +237,13 @@ class PipesTailMessageReader(PipesMessageReader):
         if self.launched_payload_hint:
             text += f" (launched: {self.launched_payload_hint})"
         text += "."
-        if self._last_poll_error is not None:
-            text += f" The last read failed: {self._last_poll_error}."
+        if self.last_poll_error is not None:
+            text += f" The last read failed: {self.last_poll_error}."
         stderr = self.stderr_tail(20)
         if stderr:
             text += f"\nLast lines of stderr:\n{stderr}"
         return text
 
-    # -- polling -----------------------------------------------------------------------------
-
-    def _reset(self) -> None:
-        self._streams = [TailedFile("messages", self.messages_path)]
-        if self.stdout_path is not None:
-            self._streams.append(TailedFile("stdout", self.stdout_path, MAX_LOG_LINE_BYTES))
-        if self.stderr_path is not None:
-            self._streams.append(TailedFile("stderr", self.stderr_path, MAX_LOG_LINE_BYTES))
-        self._stats = ReaderStats()
-        self._last_poll_error: Exception | None = None
-        self._failures_in_a_row = 0
-        self._poll_warnings = Throttle(self.warning_interval, self._clock)
-        self._seen_opened = False
-        self._seen_closed = False
-        self._stopping = False
-        self._wakeup = threading.Event()
-        self._files_seen = False
-        self._idle_polls = 0
-        for tail in self._tails.values():
-            tail.clear()
-
-    def _poll_loop(self, handler: PipesMessageHandler) -> None:
-        try:
-            while not self._stopping:
-                started = self._clock()
-                outcome = self._poll(handler)
-                if outcome.behind:
-                    continue
-                wait = self._next_wait()
-                if outcome.got_data and not self._failures_in_a_row:  # a backlog is likely
-                    wait -= self._clock() - started
-                if wait > 0:
-                    self._wakeup.wait(wait)
-                self._wakeup.clear()
-        except Exception:
-            log.exception("the Pipes message reader thread failed; the final drain will retry")
-            handler.report_pipes_framework_exception(
-                f"{type(self).__name__} reader thread", sys.exc_info()
-            )
-
     def wake(self) -> None:
         """Poll now instead of at the end of the current wait (e.g. when the job starts)."""
-        self._wakeup.set()
-
-    def _next_wait(self) -> float:
-        if not self._failures_in_a_row:
-            if self._files_seen:
-                return self.poll_interval
-            self._idle_polls += 1
-            doublings = max(0, self._idle_polls - IDLE_POLLS_AT_POLL_INTERVAL)
-            return min(self.idle_interval, self.poll_interval * 2 ** min(doublings, 16))
-        backoff = self.poll_interval * 2 ** min(self._failures_in_a_row - 1, 16)
-        return min(max(backoff, self.poll_interval), self.max_retry_interval)
-
-    def _poll(self, handler: PipesMessageHandler) -> _PollOutcome:
-        """One ``source.read`` for all files; applies the chunks only if all of them are sound."""
-        requests = [TailRequest(s.path, s.offset, self.max_bytes_per_file) for s in self._streams]
-        self._stats.polls += 1
-        try:
-            chunks = self.source.read(requests)
-            check_answer(requests, chunks)
-        except Exception as exc:
-            self._poll_failed(exc)
-            return _PollOutcome(ok=False)
-        self._last_poll_error = None
-        self._failures_in_a_row = 0
-        for stream, chunk in zip(self._streams, chunks, strict=True):
-            self._apply(stream, chunk, handler)
-        return _PollOutcome(
-            ok=not any(c.error for c in chunks),
-            got_data=any(c.data for c in chunks),
-            behind=any(c.truncated or not (c.eof or c.error) for c in chunks),
-            all_eof=all(s.complete for s in self._streams),
-        )
-
-    def _poll_failed(self, exc: Exception) -> None:
-        self._stats.failed_polls += 1
-        self._failures_in_a_row += 1
-        self._last_poll_error = exc
-        if self._poll_warnings.ready():
-            suppressed = self._poll_warnings.take_suppressed()
-            more = f" ({suppressed} more failed polls since the last warning)" if suppressed else ""
-            log.warning(
-                "reading the Pipes files through %r failed, retrying from the same offsets: "
-                "%s: %s%s",
-                self.source,
-                type(exc).__name__,
-                exc,
-                more,
-            )
-
-    def _apply(self, stream: TailedFile, chunk: TailChunk, handler: PipesMessageHandler) -> None:
-        stream.size = chunk.size
-        self._files_seen = self._files_seen or chunk.exists
-        stream.complete = chunk.eof and not chunk.error
-        if chunk.error:
-            self._last_poll_error = OSError(f"{stream.path}: {chunk.error}")
-            if self._poll_warnings.ready():
-                log.warning("could not read %s: %s; retrying", stream.path, chunk.error)
-            return
-        if chunk.truncated:
-            log.warning(
-                "%s shrank to %s bytes below the read offset %d; reading it again from the start",
-                stream.path,
-                chunk.size,
-                stream.offset,
-            )
-            stream.restart()
-            return
-        self._stats.bytes_read += len(chunk.data)
-        for line in stream.feed(chunk.data):
-            self._deliver(stream, line, handler)
-        stream.offset = chunk.offset
-
-    # -- lines -------------------------------------------------------------------------------
-
-    def _deliver(self, stream: TailedFile, line: bytes, handler: PipesMessageHandler) -> None:
-        stream.lines += 1
-        if stream.name == "messages":
-            self._stats.message_bytes += len(line) + 1
-            self._deliver_message(line, stream.lines, handler)
-            return
-        text = line.decode("utf-8", "replace").removesuffix("\r")
-        self._tails[stream.name].append(text)
-        if stream.name == "stdout":
-            self._stats.stdout_lines += 1
-        else:
-            self._stats.stderr_lines += 1
-        try:
-            self._sinks[stream.name](text)
-        except Exception:
-            log.exception("the %s sink failed on line %d", stream.name, stream.lines)
-
-    def _deliver_message(self, line: bytes, number: int, handler: PipesMessageHandler) -> None:
-        if not line.strip():
-            return
-        try:
-            message = json.loads(line)
-        except ValueError as exc:
-            self._invalid_line(number, f"not JSON ({exc})")
-            return
-        if not isinstance(message, dict) or not isinstance(message.get("method"), str):
-            self._invalid_line(number, "not a Pipes message (no 'method')")
-            return
-        self._stats.messages += 1
-        method = message["method"]
-        self._seen_opened = self._seen_opened or method == "opened"
-        self._seen_closed = self._seen_closed or method == "closed"
-        try:
-            handler.handle_message(message)
-        except Exception:
-            log.exception("handling Pipes message %d (%s) failed", number, method)
-            handler.report_pipes_framework_exception(
-                f"{type(self).__name__} handling message {number} ({method})", sys.exc_info()
-            )
-
-    def _invalid_line(self, number: int, problem: str) -> None:
-        self._stats.invalid_lines += 1
-        if self._stats.invalid_lines <= MAX_INVALID_LINE_WARNINGS:
-            log.warning("skipped line %d of %s: %s", number, self.messages_path, problem)
-        if self._stats.invalid_lines == MAX_INVALID_LINE_WARNINGS:
-            log.warning("further invalid lines of %s are counted, not logged", self.messages_path)
-
-    # -- final drain -------------------------------------------------------------------------
-
-    def _drain(self, handler: PipesMessageHandler) -> None:
-        """Poll until every file is read to its end (see the module docstring), then flush."""
-        start = self._clock()
-        while True:
-            self._stats.drain_polls += 1
-            outcome = self._poll(handler)
-            elapsed = self._clock() - start
-            if self._settled(outcome, elapsed):
-                break
-            if elapsed >= self.drain_timeout:
-                self._warn_unread()
-                break
-            if not (outcome.behind or outcome.got_data):
-                self._sleep(min(self._drain_wait(), max(self.drain_timeout - elapsed, 0.0)))
-        self._flush_pending(handler)
-
-    def _drain_wait(self) -> float:
-        """The job has ended: retry failures with backoff, otherwise look again soon."""
-        if self._failures_in_a_row:
-            return self._next_wait()
-        return min(self.poll_interval, DRAIN_POLL_INTERVAL)
-
-    def _settled(self, outcome: _PollOutcome, elapsed: float) -> bool:
-        """Every file is at its end with nothing new, and no ``closed`` message is awaited."""
-        if not (outcome.ok and outcome.all_eof) or outcome.got_data:
-            return False
-        return self._seen_closed or not self._seen_opened or elapsed >= self.closed_grace
-
-    def _warn_unread(self) -> None:
-        problems = []
-        for stream in self._streams:
-            if stream.complete:
-                continue
-            if stream.size is None:
-                problems.append(f"{stream.path} (not reached)")
-            else:
-                left = max(stream.size - stream.offset, 0)
-                problems.append(f"{stream.path} ({left} of {stream.size} bytes unread)")
-        reason = f"; last error: {self._last_poll_error}" if self._last_poll_error else ""
-        unread = ", ".join(problems) or "the payload's closed message was never received"
-        log.warning(
-            "the final read of the Pipes files did not finish within %.0f s: %s%s",
-            self.drain_timeout,
-            unread,
-            reason,
-        )
-
-    def _flush_pending(self, handler: PipesMessageHandler) -> None:
-        for stream in self._streams:
-            line = stream.take_pending()
-            if line is None:
-                continue
-            if stream.name == "messages":
-                log.warning(
-                    "line %d of %s has no final newline; handling it as it is",
-                    stream.lines + 1,
-                    stream.path,
-                )
-            self._deliver(stream, line, handler)
-
-
-def _last(lines: deque[str], count: int | None) -> str:
-    items = list(lines)
-    if count is not None:
-        items = items[-count:] if count > 0 else []
-    return "\n".join(items)
+        self._poller.wake()

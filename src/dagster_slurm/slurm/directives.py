@@ -14,7 +14,7 @@ Users may pass options the library has no field for (``--dependency=afterany:123
 * the same option twice (``--begin=a`` and ``--begin``).
 
 The same rules serve other programs' extra options (``ray start`` in
-:mod:`dagster_slurm.launchers.ray`): :func:`validate_option_entries` takes an
+:mod:`dagster_slurm.launchers.ray_limits`): :func:`validate_option_entries` takes an
 :class:`OptionRules` that names the program's reserved options; :func:`sbatch_rules` gives
 sbatch's.
 """

@@ -18,7 +18,8 @@ from dagster_slurm.jobs.logs import (
     notable_stdout_sink,
 )
 from dagster_slurm.launchers.base import ExecutionPlan
-from dagster_slurm.launchers.ray import RAY_DASHBOARD_FORMAT, RAY_TUNNEL_FORMAT, RayLauncher
+from dagster_slurm.launchers.ray import RayLauncher
+from dagster_slurm.launchers.ray_script import RAY_DASHBOARD_FORMAT, RAY_TUNNEL_FORMAT
 from dagster_slurm.slurm.states import JobState
 
 

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from dagster_slurm.launchers.base import ComputeLauncher
-from dagster_slurm.launchers.ray import TEMP_DIR_MAX, RayLauncher
+from dagster_slurm.launchers.ray import RayLauncher
+from dagster_slurm.launchers.ray_limits import TEMP_DIR_MAX
 from dagster_slurm.launchers.ray_ports import MIN_BLOCK_SIZE, RayPortConfig
 
 

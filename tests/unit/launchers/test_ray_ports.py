@@ -6,10 +6,11 @@ import subprocess
 
 import pytest
 
-from dagster_slurm.launchers.ray import SCRIPT_PORT_ORDER, RayLauncher
+from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.launchers.ray_ports import (
     FIRST_WORKER_OFFSET,
     PORT_OFFSETS,
+    SCRIPT_PORT_ORDER,
     RayNodePorts,
     RayPortConfig,
     candidate_blocks,

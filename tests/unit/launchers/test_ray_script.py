@@ -22,8 +22,8 @@ import pytest
 from test_ray_stubs import ENV_PAYLOAD, URG, WINCH, StubCluster, kill_stub_processes, options
 
 from dagster_slurm.launchers.base import ExecutionPlan
-from dagster_slurm.launchers.ray import RAY_START_FAILED_STATUS
 from dagster_slurm.launchers.ray_ports import PORT_OFFSETS, RayPortConfig, hash_block_index
+from dagster_slurm.launchers.ray_script import RAY_START_FAILED_STATUS
 
 
 @pytest.fixture

@@ -394,6 +394,7 @@ def test_the_wait_doubles_from_poll_interval_to_idle_interval_while_no_file_exis
     files: Files,
 ) -> None:
     reader = files.reader(poll_interval=0.25, idle_interval=1.0)
-    assert [reader._next_wait() for _ in range(7)] == [0.25] * 4 + [0.5, 1.0, 1.0]
-    reader._files_seen = True  # once a file exists, poll_interval applies
-    assert reader._next_wait() == 0.25
+    poller = reader._poller
+    assert [poller.next_wait() for _ in range(7)] == [0.25] * 4 + [0.5, 1.0, 1.0]
+    poller.files_seen = True  # once a file exists, poll_interval applies
+    assert poller.next_wait() == 0.25
