@@ -16,6 +16,7 @@ from pipes_support import CountingSource, FakeClock, FlakySource, RecordingHandl
 
 from dagster_slurm.agent.results import TailChunk, TailRequest
 from dagster_slurm.errors import TransportError
+from dagster_slurm.pipes.poller import TailPoller
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import FileSource, LocalFileSource
 
@@ -394,7 +395,9 @@ def test_the_wait_doubles_from_poll_interval_to_idle_interval_while_no_file_exis
     files: Files,
 ) -> None:
     reader = files.reader(poll_interval=0.25, idle_interval=1.0)
-    poller = reader._poller
+    # the reader's polling, built as the reader builds it, on the reader's settings
+    poller = TailPoller(reader, {"stdout": lambda line: None, "stderr": lambda line: None},
+                        tail_lines=10, clock=time.monotonic, sleep=time.sleep, label="test")
     assert [poller.next_wait() for _ in range(7)] == [0.25] * 4 + [0.5, 1.0, 1.0]
     poller.files_seen = True  # once a file exists, poll_interval applies
     assert poller.next_wait() == 0.25
