@@ -1,12 +1,20 @@
 """Values the library and its cluster-side scripts must agree on, defined once.
 
-The Python side imports them from here; the bash templates receive them through the
-template renderer (:func:`~dagster_slurm.launchers.script.render_template` fills
-``{{ protocol.NAME }}`` placeholders from :data:`TEMPLATE_VALUES`), so a template never
-spells one of them itself (a unit test renders every template and fails when one does).
+The Python side imports them from here. The bash templates receive them through the
+template renderer: :func:`~dagster_slurm.launchers.script.render_template` fills every
+placeholder ``@@{protocol_<name>}`` a template uses from :data:`TEMPLATE_VALUES` (``<name>``
+is the constant's name in lowercase, e.g. ``@@{protocol_removal_signal}``), quoted like any
+other word, without the caller passing it. A template assigns each one to a shell variable
+once and uses the variable, so it never spells one of these values itself; a unit test
+(``tests/unit/launchers/test_protocol_values.py``) renders every template, checks that the
+rendered scripts carry the values of this module, and fails when a template's own text
+hard-codes one of them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 #: Seconds a submission record may stay without a job id before its token is looked up in
 #: squeue (the submitter may still be waiting for sbatch's answer until then).
@@ -26,3 +34,32 @@ WORKER_DRAINING = "draining"
 #: The first word of a worker allocation's state once it left the Ray cluster
 #: (``released <reason>``).
 WORKER_RELEASED = "released"
+
+#: The prefix of the template placeholders the renderer fills from this module.
+TEMPLATE_PREFIX = "protocol_"
+
+
+def _template_word(name: str, value: float | str) -> str:
+    """``value`` as the templates get it: strings as they are, seconds as whole numbers
+    (bash arithmetic has no fractions, so a fractional value is refused at import)."""
+    if isinstance(value, str):
+        return value
+    if value != int(value):
+        raise ValueError(f"{name}={value!r}: the templates compute in whole seconds")
+    return str(int(value))
+
+
+#: Every value above by placeholder name (``protocol_`` + the name in lowercase), as the
+#: shell word the renderer puts in; read-only.
+TEMPLATE_VALUES: Mapping[str, str] = MappingProxyType({
+    TEMPLATE_PREFIX + name.lower(): _template_word(name, value)
+    for name, value in (
+        ("SUBMIT_GRACE_SECONDS", SUBMIT_GRACE_SECONDS),
+        ("FAILED_RECORD_SECONDS", FAILED_RECORD_SECONDS),
+        ("DRAIN_GRACE_SECONDS", DRAIN_GRACE_SECONDS),
+        ("WALLTIME_MARGIN_SECONDS", WALLTIME_MARGIN_SECONDS),
+        ("REMOVAL_SIGNAL", REMOVAL_SIGNAL),
+        ("WORKER_DRAINING", WORKER_DRAINING),
+        ("WORKER_RELEASED", WORKER_RELEASED),
+    )
+})

@@ -10,6 +10,11 @@ in two kinds, kept apart by :func:`render_template`:
 * ``fragments``: text rendered from another template of this package (a prologue), put
   in as is.
 
+A third kind is never passed: a placeholder ``@@{protocol_<name>}`` is filled from
+:data:`dagster_slurm.protocol.TEMPLATE_VALUES` (the values Python and the scripts share,
+quoted as words), in every template that uses it; a caller cannot pass such a name, and one
+that :mod:`dagster_slurm.protocol` does not define is an error.
+
 A template may include another one: a line that reads exactly ``@@include <name>`` is
 replaced by the text of template ``<name>`` (itself expanded the same way) before any value
 is filled in. The included text's placeholders are then placeholders of the including
@@ -17,8 +22,9 @@ template, filled by the same ``words`` and ``fragments`` under the same quoting 
 include names a file of this package only (no path), and an include cycle is an error. Shell
 code shared by several scripts (the heartbeat clock) lives in such an included template.
 
-Every placeholder of a template must receive a value and every value must be used, so a
-typo fails loudly instead of leaving a hole in a script.
+Every placeholder of a template must receive a value and every value passed must be used
+(the protocol values are put in only where used), so a typo fails loudly instead of leaving
+a hole in a script.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from importlib import resources
 from string import Template
 
 from dagster_slurm.launchers.base import ExecutionPlan
+from dagster_slurm.protocol import TEMPLATE_PREFIX, TEMPLATE_VALUES
 
 TEMPLATE_PACKAGE = "dagster_slurm"
 TEMPLATE_DIR = "templates"
@@ -123,10 +130,12 @@ def render_template(
     words: Mapping[str, str | Sequence[str]],
     fragments: Mapping[str, str] | None = None,
 ) -> str:
-    """Fill the template ``name``: ``words`` quoted (see module docstring), ``fragments`` as is.
+    """Fill the template ``name``: ``words`` quoted (see module docstring), ``fragments`` as is,
+    and the ``@@{protocol_<name>}`` placeholders it uses from the protocol values.
 
-    Raises :class:`KeyError` for a placeholder without a value and :class:`ValueError` for a
-    value the template does not use or a name given twice.
+    Raises :class:`KeyError` for a placeholder without a value (a protocol placeholder that
+    :mod:`dagster_slurm.protocol` does not define included) and :class:`ValueError` for a
+    value the template does not use, a name given twice or a protocol name passed in.
     """
     template = load_template(name)
     fragments = dict(fragments or {})
@@ -136,9 +145,19 @@ def render_template(
     values = dict(fragments)
     for key, value in words.items():
         values[key] = shell_word(value) if isinstance(value, str) else shell_words(value)
-    unused = set(values) - template_names(template)
+    reserved = sorted(key for key in values if key.startswith(TEMPLATE_PREFIX))
+    if reserved:
+        raise ValueError(f"{name}: {reserved} come from dagster_slurm.protocol and cannot be "
+                         "passed")
+    used = template_names(template)
+    unused = set(values) - used
     if unused:
         raise ValueError(f"{name}: values {sorted(unused)} are not used by the template")
+    for key in sorted(used):
+        if key.startswith(TEMPLATE_PREFIX):
+            if key not in TEMPLATE_VALUES:
+                raise KeyError(f"{name}: @@{{{key}}} names no value of dagster_slurm.protocol")
+            values[key] = shell_word(TEMPLATE_VALUES[key])
     return template.substitute(values)
 
 

@@ -8,8 +8,9 @@
 #   state      one line, atomically: waiting (no live head, or none of the nodes joined
 #              yet), joined (every node joined the head), partial (some nodes are out or
 #              restarting), draining, then 'released <reason>' (drained, no_head,
-#              cancelled) at the end;
-#   drain      written by the session before it sends USR1: 'deadline=<epoch seconds>'.
+#              cancelled) at the end (both words are the library's: __dw_state_* below);
+#   drain      written by the session before it sends the removal signal (see below):
+#              'deadline=<epoch seconds>'.
 #   host_head  written by an elector: 'term=<n>' asks the allocation to host the run's Ray
 #              head, 'stop term=<n>' withdraws the request (looked at every second);
 #   host_head_state  'starting|started|draining|failed|stopped|ended term=<n> ...'
@@ -33,13 +34,21 @@
 # A rewritten ray_head moves every node to the new head. Without a live head for
 # rejoin_timeout seconds the allocation releases itself (exit 0).
 #
-# Drain (USR1, or the pre-walltime signal): 'ray drain-node' for each joined node; Ray
-# places nothing new there, running work goes on, and an idle drained node's raylet shuts
-# down by itself (Ray 2.60; its 'ray start --block' stays, so it is stopped then). What
-# still runs at the deadline (the drain file's, else the pre-walltime signal's lead minus
-# 15 s from now) is stopped; then the script exits 0, so the job ends COMPLETED. No node
-# starts again during a drain. TERM, INT or HUP that is not the drain signal stops every
-# node at once and ends the script.
+# Drain (the removal signal, or the pre-walltime signal): 'ray drain-node' for each joined
+# node; Ray places nothing new there, running work goes on, and an idle drained node's
+# raylet shuts down by itself (Ray 2.60; its 'ray start --block' stays, so it is stopped
+# then). What still runs at the deadline (the drain file's, else the pre-walltime signal's
+# lead minus the walltime margin from now) is stopped; then the script exits 0, so the job
+# ends COMPLETED. No node starts again during a drain. TERM, INT or HUP that is not the
+# drain signal stops every node at once and ends the script.
+
+# Values shared with the library (dagster_slurm/protocol.py): the signal the session
+# removes the allocation with, the seconds before the walltime by which a drain ends, and
+# the state words the session reads ('released' is followed by the reason).
+__dw_removal_signal=@@{protocol_removal_signal}
+__dw_walltime_margin=@@{protocol_walltime_margin_seconds}
+__dw_state_draining=@@{protocol_worker_draining}
+__dw_state_released=@@{protocol_worker_released}
 __dw_session_dir=@@{session_dir}
 __dw_rejoin_timeout=@@{rejoin_timeout}
 __dw_walltime_signal=@@{walltime_signal}
@@ -118,7 +127,7 @@ __dw_say() {
 }
 
 __dw_on_signal() {
-    if [ "$1" = USR1 ] || [ "$1" = "$__dw_walltime_signal" ]; then
+    if [ "$1" = "$__dw_removal_signal" ] || [ "$1" = "$__dw_walltime_signal" ]; then
         [ -n "$__dw_drain" ] || __dw_drain=$1
     else
         [ -n "$__dw_signal" ] || __dw_signal=$1
@@ -426,7 +435,7 @@ __dw_tend_nodes() {
     __dw_learn_ids
 }
 
-# Leave: nodes asked to stop (quick) or stopped (waiting), state 'released $1', exit $2.
+# Leave: nodes asked to stop (quick) or stopped (waiting), state '$__dw_state_released $1', exit $2.
 __dw_release() {
     local i
     if [ "$1" = cancelled ]; then
@@ -439,12 +448,12 @@ __dw_release() {
     done
     __dw_publish
     __dw_state=""
-    __dw_write_state "released $1"
+    __dw_write_state "$__dw_state_released $1"
     __ds_finish "$2"
 }
 
 # The drain deadline (epoch seconds): the drain file's, else the pre-walltime signal's
-# lead minus 15 s from now, else the default drain time from now.
+# lead minus the walltime margin from now, else the default drain time from now.
 __dw_drain_deadline() {
     local line now
     now=$(date +%s)
@@ -454,7 +463,8 @@ __dw_drain_deadline() {
         esac
     done < "$__dw_job_dir/drain" 2>/dev/null
     if [ "$__dw_drain" = "$__dw_walltime_signal" ] && [ -n "$__dw_drain_lead" ]; then
-        printf '%s\n' $(( now + (__dw_drain_lead > 15 ? __dw_drain_lead - 15 : 0) ))
+        printf '%s\n' $(( now + (__dw_drain_lead > __dw_walltime_margin
+                               ? __dw_drain_lead - __dw_walltime_margin : 0) ))
     else
         printf '%s\n' $(( now + __dw_default_drain ))
     fi
@@ -479,7 +489,7 @@ __dw_drain_all() {
     local left i now item state reported=$SECONDS
     local -a ids=() asked=()
     __dw_state=""
-    __dw_write_state draining
+    __dw_write_state "$__dw_state_draining"
     __dw_deadline=$(__dw_drain_deadline)
     __dw_host_drain
     now=$(date +%s)
@@ -681,13 +691,14 @@ __dw_on_exit() {
 }
 
 # -- main ---------------------------------------------------------------------------------
-# The prologue's traps recorded what came during the activation: its drain signal is USR1,
-# the pre-walltime signal (when it is TERM, INT or HUP) counts as a drain here.
-for __dw_sig in TERM INT HUP USR1 $__dw_walltime_signal; do
+# The prologue's traps recorded what came during the activation: its drain signal is the
+# removal signal, the pre-walltime signal (when it is TERM, INT or HUP) counts as a drain
+# here.
+for __dw_sig in TERM INT HUP "$__dw_removal_signal" $__dw_walltime_signal; do
     trap "__dw_on_signal $__dw_sig" "$__dw_sig"
 done
 trap __dw_on_exit EXIT
-[ -z "$__ds_drained" ] || __dw_drain=USR1
+[ -z "$__ds_drained" ] || __dw_drain=$__dw_removal_signal
 if [ -n "$__ds_cancelled" ]; then
     __dw_on_signal "$__ds_cancelled"
 fi

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
+from dagster_slurm.protocol import WORKER_DRAINING, WORKER_RELEASED
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.core.errors import PromotionDeferred, SessionError
 from dagster_slurm.session.head.worker_host import WorkerHostFailed, host_on_worker
@@ -66,7 +67,7 @@ PROMOTION_RETRY = 2.0
 
 #: The first words of a worker allocation's state file (``templates/ray_worker.sh``) that
 #: say it drains or has let go: it is not asked to host a head.
-WORKER_DRAIN_STATES = frozenset({"draining", "released"})
+WORKER_DRAIN_STATES = frozenset({WORKER_DRAINING, WORKER_RELEASED})
 
 
 class HeadElectionTimeout(SessionError, TimeoutError):

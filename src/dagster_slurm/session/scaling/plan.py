@@ -37,16 +37,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dagster_slurm.protocol import (
+    DRAIN_GRACE_SECONDS,
+    SUBMIT_GRACE_SECONDS,
+    WALLTIME_MARGIN_SECONDS,
+    WORKER_DRAINING,
+    WORKER_RELEASED,
+)
 from dagster_slurm.session.scaling.intents import WorkerIntent
 from dagster_slurm.session.scaling.snapshot import ENDED, AllocationSnapshot, SessionSnapshot
 from dagster_slurm.slurm.states import JobState
 
 #: Seconds after a persisted drain deadline before a member that still runs is cancelled.
-DRAIN_GRACE = 30.0
+DRAIN_GRACE = DRAIN_GRACE_SECONDS
 #: Seconds after which an unsettled submission that squeue does not list counts as lost.
-SETTLE_AFTER = 150.0
+SETTLE_AFTER = SUBMIT_GRACE_SECONDS
 #: A drain that runs until the walltime ends this many seconds before it.
-WALLTIME_MARGIN = 15.0
+WALLTIME_MARGIN = WALLTIME_MARGIN_SECONDS
 
 
 @dataclass(frozen=True)
@@ -171,8 +178,8 @@ def _cleanup(members: tuple[AllocationSnapshot, ...], now: float, grace: float) 
             continue
         if now >= w.drain_deadline + grace:
             cancel.append(w.slurm_job_id)
-        elif (_running(w) and now < w.drain_deadline and w.worker_state != "draining"
-              and not (w.worker_state or "").startswith("released")):
+        elif (_running(w) and now < w.drain_deadline and w.worker_state != WORKER_DRAINING
+              and not (w.worker_state or "").startswith(WORKER_RELEASED)):
             redrain.append(Release(w.slurm_job_id, w.drain_deadline, False,
                                    "its drain was not seen by the allocation yet"))
     return ended, active, cancel, redrain

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dagster_slurm.protocol import WORKER_DRAINING
 from dagster_slurm.scheduler.client import StatusSnapshot
 from dagster_slurm.session.core.paths import SessionPaths
 from dagster_slurm.slurm.states import JobState
@@ -318,7 +319,7 @@ def _worker(record: Worker, status: StatusSnapshot, files: Mapping[str, str | No
         requested_gpus_per_node=_int(config.get("gpus_per_node")),
         tres=facts["tres"], granted_gpus=facts["granted_gpus"],  # type: ignore[arg-type]
         nodes=nodes, ray_nodes={h: joined[h] for h in sorted(joined)}, ready=ready,
-        draining=record.drain_deadline is not None or word == "draining",
+        draining=record.drain_deadline is not None or word == WORKER_DRAINING,
         intent=record.intent, drain_deadline=record.drain_deadline,
         submitted_at=record.submitted_at if record.reconciled else None,
         committed=_committed(state, record.released),  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import DEFAULT_DRAIN_SIGNAL, ExecutionPlan
 from dagster_slurm.launchers.ray import RAY_STOP_GRACE_SECONDS, RayLauncher
 from dagster_slurm.launchers.script import render_prologue, render_template
+from dagster_slurm.protocol import REMOVAL_SIGNAL, WORKER_DRAINING, WORKER_RELEASED
 from dagster_slurm.session.core.paths import SessionPaths
 from dagster_slurm.session.core.worker_config import WORKER_RESOURCE, SlurmWorkerAllocationConfig
 from dagster_slurm.slurm.commands import SbatchSpec
@@ -33,21 +34,20 @@ WORKER_TEMPLATE = "ray_worker.sh"
 #: per restart; the node's next end keeps it out until the allocation joins another head.
 RESTART_DELAYS: tuple[int, ...] = (5, 15, 45)
 
-#: The signal the session sends (``scancel --batch --signal=USR1``) after writing the drain file.
-REMOVAL_SIGNAL = "USR1"
+# The signal the session sends after writing the drain file (REMOVAL_SIGNAL), the margin
+# before the walltime at which a drain on the pre-walltime signal ends, and the state words
+# the session reads (draining, released) are defined in dagster_slurm.protocol; the template
+# gets them from the renderer.
 
-#: Seconds a drain lasts when USR1 arrives without a drain file (sent by hand).
+#: Seconds a drain lasts when the removal signal arrives without a drain file (sent by hand).
 DEFAULT_DRAIN_SECONDS = 600
-
-#: The drain ends this many seconds before the walltime after the pre-walltime signal.
-WALLTIME_MARGIN_SECONDS = 15
 
 #: Words of the worker allocation's state file (``jobs/<job id>/state``).
 STATE_WAITING = "waiting"
 STATE_JOINED = "joined"
 STATE_PARTIAL = "partial"
-STATE_DRAINING = "draining"
-RELEASED_PREFIX = "released"
+STATE_DRAINING = WORKER_DRAINING
+RELEASED_PREFIX = WORKER_RELEASED
 RELEASE_REASONS: tuple[str, ...] = ("drained", "no_head", "cancelled")
 
 #: python3 program run in the batch shell (with the ray package of the run's environment)
@@ -107,8 +107,9 @@ def worker_start_args(launcher: RayLauncher, config: SlurmWorkerAllocationConfig
 
 def worker_plan(paths: SessionPaths, token: str, activation: str | None) -> ExecutionPlan:
     """The prologue's plan of submission ``token``: its files in the submission's directory,
-    the run's ``activation`` script (None: none), drain signal USR1, no watchdog (without a
-    live head the allocation releases itself after ``rejoin_timeout``)."""
+    the run's ``activation`` script (None: none), drain signal
+    :data:`~dagster_slurm.protocol.REMOVAL_SIGNAL`, no watchdog (without a live head the
+    allocation releases itself after ``rejoin_timeout``)."""
     submit_dir = paths.submit_dir(token)
     return ExecutionPlan(
         payload=("true",), job_dir=submit_dir, status_file=f"{submit_dir}/worker_status",

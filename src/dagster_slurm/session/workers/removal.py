@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, SchedulerError
 from dagster_slurm.jobs.final_accounting import ACCOUNTING_DEADLINE, read_until_final
 from dagster_slurm.jobs.logs import ProgressLog
+from dagster_slurm.protocol import DRAIN_GRACE_SECONDS, REMOVAL_SIGNAL
 from dagster_slurm.scheduler.client import StatusSnapshot
 from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.core.errors import SessionError
@@ -77,10 +78,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("dagster_slurm.session")
 
 #: The signal the batch script of a worker allocation drains on (``scancel --batch``).
-DRAIN_SIGNAL = "USR1"
+DRAIN_SIGNAL = REMOVAL_SIGNAL
 #: Seconds after the drain deadline before a worker allocation that still runs is cancelled
 #: (the batch script stops its nodes at the deadline and exits by itself before that).
-DRAIN_GRACE = 30.0
+DRAIN_GRACE = DRAIN_GRACE_SECONDS
 #: Seconds without an answer from the scheduler after which following a removal raises.
 UNANSWERED_LIMIT = 600.0
 #: Seconds between two progress lines while nothing changes.
