@@ -196,12 +196,15 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 "allocation between the run's steps, or drop run_allocation (with 'asset' each "
                 "step's job takes the Slurm resource's queue and its extra_slurm_opts)",
             )
-        self._run_layout()  # a separate head: checked now, before anything is submitted
+        self.run_layout()  # a separate head: checked now, before anything is submitted
         return self
 
-    def _run_layout(self) -> RunLayout | None:
-        """The run's layout with a separate head (None without ``ray_head_allocation``);
-        raises :class:`ConfigurationError` naming the field that does not fit."""
+    def run_layout(self) -> RunLayout | None:
+        """How the run session spreads over its allocations: with ``ray_head_allocation``,
+        a :class:`~dagster_slurm.session.head.layout.RunLayout` (a head of its own shape
+        whose Ray node offers no CPUs or GPUs; ``run_allocation`` as the first worker
+        allocation it keeps); None without it (the session's allocation runs the steps).
+        Raises :class:`ConfigurationError` naming the field that does not fit."""
         if self.ray_head_allocation is None:
             return None
         from dagster_slurm.session.head.layout import separate_head_layout
@@ -356,7 +359,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             )
         from dagster_slurm.session.frontend.lifecycle import run_session_for
 
-        layout = self._run_layout()
+        layout = self.run_layout()
         # with a separate head the session's allocation is the head; run_allocation is
         # the first worker allocation (in the layout)
         config = (self.ray_head_allocation if self.ray_head_allocation is not None

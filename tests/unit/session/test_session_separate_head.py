@@ -166,7 +166,7 @@ def _session(layout: RunLayout | None, launcher: RayLauncher | None = None,
 
 
 def _layout() -> RunLayout:
-    return _compute()._run_layout()  # type: ignore[return-value]
+    return _compute().run_layout()  # type: ignore[return-value]
 
 
 def test_the_head_script_offers_no_cpus_and_no_gpus_to_ray() -> None:
@@ -194,7 +194,7 @@ def test_without_a_layout_the_head_script_offers_the_launcher_values() -> None:
 def test_a_head_that_keeps_its_cpus_renders_the_launcher_as_it_is() -> None:
     resource = SlurmSessionResource(slurm=_slurm(), launcher=RayLauncher(num_cpus_per_node=4),
                                     worker_allocation=SlurmWorkerAllocationConfig())
-    layout = resource._run_layout()
+    layout = resource.run_layout()
     assert layout is not None and not layout.head_only
     assert layout.head_launcher(resource.launcher) is resource.launcher
 

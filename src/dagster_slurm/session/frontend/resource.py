@@ -128,7 +128,7 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
     @model_validator(mode="after")
     def _check_layout(self) -> SlurmSessionResource:
         self._head_config()
-        self._run_layout()  # ray_head_only / worker_allocation: checked before any submission
+        self.run_layout()  # ray_head_only / worker_allocation: checked before any submission
         return self
 
     def _head_config(self) -> SlurmRunAllocationConfig:
@@ -143,7 +143,12 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
             )
         return type(config)(**{**config.model_dump(), "num_nodes": self.num_nodes})
 
-    def _run_layout(self) -> RunLayout | None:
+    def run_layout(self) -> RunLayout | None:
+        """How the session spreads over its allocations: with ``worker_allocation``, a
+        :class:`~dagster_slurm.session.head.layout.RunLayout` (``worker_allocation`` as the
+        first worker allocation the head keeps; with ``ray_head_only`` the head's Ray node
+        offers no CPUs or GPUs); None without it. Raises
+        :class:`~dagster_slurm.errors.ConfigurationError` naming the field that does not fit."""
         return session_resource_layout(
             self._head_config(), ray_head_only=self.ray_head_only,
             worker_allocation=self.worker_allocation, launcher=self.launcher,
@@ -158,7 +163,7 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
                                poll_interval=self.poll_interval,
                                run_status_interval=self.run_status_interval,
                                session_class=self.session_class,
-                               layout=self._run_layout())
+                               layout=self.run_layout())
 
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession:
         """The run's session in this process, as ``ComputeResource.get_run_allocation_session``
