@@ -1,5 +1,5 @@
 """The script of a separate head, run with bash against the stub cluster commands of
-``test_ray_stubs.py``: its one Ray node offers no CPUs and no GPUs (``--num-cpus=0
+``ray_stubs.py``: its one Ray node offers no CPUs and no GPUs (``--num-cpus=0
 --num-gpus=0`` reach ``ray start``), whatever the run's launcher offers on worker nodes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from test_ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
+from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.head.layout import RunLayout

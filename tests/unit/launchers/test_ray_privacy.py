@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
+from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 
 
 @pytest.fixture

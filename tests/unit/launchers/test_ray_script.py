@@ -1,6 +1,6 @@
 """The Ray job script run for real with bash, against stub srun/scontrol/scancel/ray/ss.
 
-See ``test_ray_stubs.py`` for the stubs: they record their arguments, and PATH holds only
+See ``ray_stubs.py`` for the stubs: they record their arguments, and PATH holds only
 them and the few real tools the script may use, so a script that calls anything else
 fails here.
 """
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from test_ray_stubs import ENV_PAYLOAD, URG, WINCH, StubCluster, kill_stub_processes, options
+from ray_stubs import ENV_PAYLOAD, URG, WINCH, StubCluster, kill_stub_processes, options
 
 from dagster_slurm.launchers.base import ExecutionPlan
 from dagster_slurm.launchers.ray_ports import PORT_OFFSETS, RayPortConfig, hash_block_index

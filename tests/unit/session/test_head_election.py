@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from running_heads import new_session, ray_running_head, running_head, start_on_promotion
 from session_fakes import FakeCluster
-from test_session_successor import _running_head, _session, _start_on_promotion
 
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
@@ -36,18 +36,18 @@ def _start_new_heads(cluster: FakeCluster) -> None:
 
 
 def test_a_healthy_head_is_returned_unchanged_and_nothing_is_claimed() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     assert session.replace_head(timeout=10).job_id == head
     assert cluster.doc().get("election") is None
     assert cluster.calls.get("sbatch") == 1
 
 
 def test_a_lost_head_is_replaced_by_the_running_published_successor() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor(SlurmRunAllocationConfig())
     cluster.start(successor.job_id, nodes=("c2",))
     cluster.end(head, JobState.CANCELLED)
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     allocation = session.replace_head(timeout=60)
     assert allocation.job_id == successor.job_id
     doc = cluster.doc()
@@ -57,7 +57,7 @@ def test_a_lost_head_is_replaced_by_the_running_published_successor() -> None:
 
 
 def test_a_lost_head_without_successor_gets_a_new_allocation_shaped_like_it() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     cluster.end(head, JobState.NODE_FAIL)
     _start_new_heads(cluster)
     allocation = session.replace_head(timeout=60)
@@ -74,18 +74,18 @@ def test_a_lost_head_without_successor_gets_a_new_allocation_shaped_like_it() ->
 
 
 def test_a_queued_successor_is_promoted_once_it_runs_instead_of_a_new_allocation() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor(SlurmRunAllocationConfig())
     cluster.end(head, JobState.TIMEOUT)
     cluster.clock.at(cluster.clock.t + 20, lambda: cluster.start(successor.job_id, nodes=("c2",)))
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     allocation = session.replace_head(timeout=600)
     assert allocation.job_id == successor.job_id
     assert cluster.calls["sbatch"] == 2  # the head and the successor, nothing more
 
 
 def test_an_unexpired_claim_of_another_elector_is_waited_out_then_taken_over() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     cluster.end(head, JobState.CANCELLED)
     read = cluster.read()
     claim = et.claim_election(read.doc, owner="other:1:dead", candidate=None, now=read.now)
@@ -100,7 +100,7 @@ def test_an_unexpired_claim_of_another_elector_is_waited_out_then_taken_over() -
 
 
 def test_an_uncertain_scheduler_never_elects_and_the_timeout_says_so() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     cluster.end(head, JobState.CANCELLED)
     cluster.queue_answers = False
     with pytest.raises(HeadElectionTimeout, match="uncertain"):
@@ -109,7 +109,7 @@ def test_an_uncertain_scheduler_never_elects_and_the_timeout_says_so() -> None:
 
 
 def test_a_failed_election_releases_its_claim_and_the_error_propagates() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     cluster.end(head, JobState.CANCELLED)
     cluster.sbatch_error = "Invalid partition name specified"
     with pytest.raises(Exception, match="Invalid partition"):
@@ -119,7 +119,7 @@ def test_a_failed_election_releases_its_claim_and_the_error_propagates() -> None
 
 
 def test_the_claim_keeper_renews_and_notices_a_takeover() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     cluster.end(head, JobState.CANCELLED)
     read = cluster.read()
     claim = et.claim_election(read.doc, owner="me", candidate=None, now=read.now)
@@ -136,7 +136,7 @@ def test_the_claim_keeper_renews_and_notices_a_takeover() -> None:
 
 
 def test_a_closed_session_elects_nothing() -> None:
-    session, cluster = _session()
+    session, cluster = new_session()
     session.ensure  # noqa: B018 - the session exists but never submitted
     session.close(cancel=True)
     with pytest.raises(Exception, match="closed"):
@@ -159,7 +159,7 @@ def _view(cluster: FakeCluster, session: Any) -> tuple[Any, Any, float]:
 
 
 def test_decide_is_idle_without_workers_and_keeps_a_healthy_head() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     doc, view, now = _view(cluster, session)
     assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.IDLE
     _add_worker_record(cluster)
@@ -169,7 +169,7 @@ def test_decide_is_idle_without_workers_and_keeps_a_healthy_head() -> None:
 
 
 def test_decide_elects_when_the_head_ended_and_never_on_an_uncertain_answer() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker_record(cluster)
     cluster.end(head, JobState.CANCELLED)
     doc, view, now = _view(cluster, session)
@@ -180,7 +180,7 @@ def test_decide_elects_when_the_head_ended_and_never_on_an_uncertain_answer() ->
 
 
 def test_decide_drains_a_head_without_signal_near_its_walltime() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker_record(cluster)
     doc, view, now = _view(cluster, session)  # the fake queue says 600 s left
     assert decide(doc, view, now, separate_head=False, has_signal=True).action is WatchAction.KEEP
@@ -190,7 +190,7 @@ def test_decide_drains_a_head_without_signal_near_its_walltime() -> None:
 
 
 def test_the_watch_of_a_step_process_elects_a_new_head_once_the_head_ended() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     watch = HeadWatch(session.context)
     assert watch.check_once().action is WatchAction.IDLE
     assert watch.interval == WORKER_DISCOVERY_INTERVAL  # a later worker is found within 2 min
@@ -205,9 +205,9 @@ def test_the_watch_of_a_step_process_elects_a_new_head_once_the_head_ended() -> 
 
 
 def test_a_running_head_submitted_by_a_dead_elector_is_attached_to_and_recorded_ready() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     cluster.end(head, JobState.CANCELLED)
-    dead, _ = _session(cluster)
+    dead, _ = new_session(cluster)
     read = cluster.read()
     claim = et.claim_election(read.doc, owner="dead", candidate=None, now=read.now, ttl=20)
     assert isinstance(claim, et.Change) and cluster.apply(claim).ok
@@ -220,26 +220,8 @@ def test_a_running_head_submitted_by_a_dead_elector_is_attached_to_and_recorded_
     assert cluster.calls["sbatch"] == 2  # no second new head
 
 
-def _ray_running_head() -> tuple[Any, FakeCluster, str]:
-    from test_session_successor import RUN_ID, _slurm
-
-    from dagster_slurm.launchers.ray import RayLauncher
-    from dagster_slurm.session.session import RunSession
-
-    config = SlurmRunAllocationConfig(time_limit="01:00:00")
-    probe = RunSession(_slurm(), RUN_ID, config, RayLauncher(), activation=lambda: None)
-    cluster = FakeCluster(probe.initial_document())
-    session = RunSession(_slurm(), RUN_ID, config, RayLauncher(), activation=lambda: None,
-                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, background=False)
-    cluster.on_submit = lambda job: cluster.clock.at(
-        cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
-    head = session.ensure().job_id
-    cluster.on_submit = None
-    return session, cluster, head
-
-
 def test_a_head_whose_ray_stopped_while_its_job_runs_is_replaced() -> None:
-    session, cluster, head = _ray_running_head()
+    session, cluster, head = ray_running_head()
     _add_worker_record(cluster)
     watch = HeadWatch(session.context)
     assert watch.check_once().action is WatchAction.KEEP
@@ -255,7 +237,7 @@ def test_a_head_whose_ray_stopped_while_its_job_runs_is_replaced() -> None:
 
 
 def test_a_worker_hosted_head_without_signal_is_handed_over_before_its_walltime() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker_record(cluster)
     assert cluster.store.transact([{"op": "add", "path": "/allocation/kind",
                                     "value": et.WORKER_HEAD_KIND}]).ok

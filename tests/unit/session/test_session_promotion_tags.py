@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from running_heads import new_session, running_head, start_on_promotion
 from session_fakes import FakeCluster
-from test_session_successor import _running_head, _session, _start_on_promotion
 
 from dagster_slurm.session.core.io import DocumentRead
 from dagster_slurm.session.session import RunSession
@@ -33,11 +33,11 @@ def _promote_next(cluster: FakeCluster, tag: RunTag) -> str:
     """Another process queues and promotes the next successor, then a step of it starts and
     tags the run with the allocation it runs in (what the session runner does); returns its
     job id. That process has no Dagster context: only the step writes the tag."""
-    other, _ = _session(cluster)
+    other, _ = new_session(cluster)
     other.publish_allocation = None
     successor = other.submit_successor()
     cluster.run_without_ready(successor.job_id)
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     other.promote_successor()
     tag.writer("step in the successor")(other.ensure().job_id)
     return successor.job_id
@@ -63,11 +63,11 @@ def _on_read(cluster: FakeCluster, nth: int, action: Callable[[], None]) -> None
 
 
 def _promoted_once(tag: RunTag) -> tuple[RunSession, FakeCluster, str]:
-    session, cluster, _head = _running_head()
+    session, cluster, _head = running_head()
     session.publish_allocation = tag.writer("promotion")
     first = session.submit_successor()
     cluster.run_without_ready(first.job_id)
-    _start_on_promotion(cluster, first.job_id)
+    start_on_promotion(cluster, first.job_id)
     session.promote_successor()
     assert tag.value == first.job_id
     return session, cluster, first.job_id
@@ -107,7 +107,7 @@ def test_a_repeated_promotion_still_repairs_a_missing_tag() -> None:
 
 
 def test_promoting_a_successor_drained_before_its_promotion_warns_and_goes_ahead() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.run_without_ready(successor.job_id)
 

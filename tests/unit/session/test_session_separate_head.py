@@ -8,54 +8,33 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from session_fakes import FakeCluster, FakeJob
+from separate_heads import (
+    HEAD,
+    RUN_ID,
+    WORKERS,
+    WorkerSubmitter,
+    layout_session,
+    ready_head,
+    separate_head_compute,
+    separate_head_layout,
+    separate_head_slurm,
+)
 
 from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.launchers.ray import RayLauncher
-from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.frontend.lifecycle import sessions_of_run
 from dagster_slurm.session.frontend.resource import SlurmSessionResource
 from dagster_slurm.session.head.acquire import acquire_head
-from dagster_slurm.session.head.layout import RunLayout
 from dagster_slurm.session.session import RunSession
-from dagster_slurm.session.workers import keep as run_layout
+from dagster_slurm.session.workers import keep as workers_keep
 from dagster_slurm.session.workers.keep import WORKER_LEASE, keep_a_worker
-from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import lease
 from dagster_slurm.state import transitions as tr
-from dagster_slurm.state import worker_transitions as wt
-
-RUN_ID = "7c1d2e3f-4a5b-4c6d-8e7f-901234567890"
-
-HEAD = SlurmRunAllocationConfig(partition="cpu", mem="1500M", time_limit="00:10:00")
-WORKERS = SlurmRunAllocationConfig(partition="gpu", gpus_per_node=1, time_limit="01:30:00")
-
-
-def _queue() -> SlurmQueueConfig:
-    """A compute queue: none of its shape may reach a separate head."""
-    return SlurmQueueConfig(partition="gpu", num_nodes=2, cpus=8, gpus_per_node=2, mem="64G",
-                            time_limit="02:00:00", time_min="01:00:00",
-                            signal_before_timeout="USR1@120", account="proj", qos="high",
-                            reservation="maint", extra_sbatch_directives=["--constraint=a100"])
-
-
-def _slurm() -> SlurmResource:
-    return SlurmResource(ssh=SSHConnectionResource(host="login.invalid", user="u"),
-                         remote_base="/cluster/ds", queue=_queue())
-
-
-def _compute(**kwargs: Any) -> ComputeResource:
-    values: dict[str, Any] = dict(mode="slurm", slurm=_slurm(), allocation_scope="run",
-                                  default_launcher=RayLauncher(), ray_head_allocation=HEAD,
-                                  run_allocation=WORKERS)
-    values.update(kwargs)
-    return ComputeResource(**values)
 
 
 def _context(run_id: str = RUN_ID) -> SimpleNamespace:
@@ -85,7 +64,7 @@ def _context(run_id: str = RUN_ID) -> SimpleNamespace:
 def test_a_separate_head_that_cannot_work_is_refused_naming_the_field(
         kwargs: dict[str, Any], expected: str) -> None:
     with pytest.raises(ValueError) as raised:
-        _compute(**kwargs)
+        separate_head_compute(**kwargs)
     assert expected in str(raised.value)
     assert str(raised.value).count("Value error, ") == 1
 
@@ -108,8 +87,8 @@ def test_a_separate_head_is_checked_in_local_mode_too() -> None:
 ])
 def test_ray_head_only_needs_a_worker_allocation_and_one_node(kwargs: dict[str, Any],
                                                               expected: str) -> None:
-    values: dict[str, Any] = dict(slurm=_slurm(), launcher=RayLauncher(), ray_head_only=True,
-                                  num_nodes=1,
+    values: dict[str, Any] = dict(slurm=separate_head_slurm(), launcher=RayLauncher(),
+                                  ray_head_only=True, num_nodes=1,
                                   worker_allocation=SlurmWorkerAllocationConfig(partition="gpu"))
     values.update(kwargs)
     with pytest.raises(ValueError) as raised:
@@ -119,13 +98,14 @@ def test_ray_head_only_needs_a_worker_allocation_and_one_node(kwargs: dict[str, 
 
 def test_a_worker_allocation_needs_a_ray_launcher() -> None:
     with pytest.raises(ValueError, match="launcher='BashLauncher': worker_allocation needs"):
-        SlurmSessionResource(slurm=_slurm(), worker_allocation=SlurmWorkerAllocationConfig())
+        SlurmSessionResource(slurm=separate_head_slurm(),
+                             worker_allocation=SlurmWorkerAllocationConfig())
 
 
 # -- the head's request and script ---------------------------------------------------------------
 def test_the_head_asks_for_its_own_shape_and_only_the_queue_accounting() -> None:
     try:
-        session = _compute().get_run_allocation_session(_context(), start=False)
+        session = separate_head_compute().get_run_allocation_session(_context(), start=False)
         spec = session.spec
         assert (spec.partition, spec.time_limit, spec.num_nodes) == ("cpu", "00:10:00", 1)
         assert spec.cpus_per_task == 2 and spec.mem == "1500M" and spec.mem_per_cpu is None
@@ -144,8 +124,8 @@ def test_the_head_asks_for_its_own_shape_and_only_the_queue_accounting() -> None
 
 
 def test_the_head_defaults_to_eight_gigabytes() -> None:
-    compute = _compute(ray_head_allocation=SlurmRunAllocationConfig(partition="cpu",
-                                                                    time_limit="60"))
+    compute = separate_head_compute(
+        ray_head_allocation=SlurmRunAllocationConfig(partition="cpu", time_limit="60"))
     try:
         spec = compute.get_run_allocation_session(_context(), start=False).spec
         assert (spec.mem, spec.cpus_per_task, spec.num_nodes) == ("8G", 2, 1)
@@ -153,28 +133,12 @@ def test_the_head_defaults_to_eight_gigabytes() -> None:
         sessions_of_run(RUN_ID)
 
 
-def _session(layout: RunLayout | None, launcher: RayLauncher | None = None,
-             config: SlurmRunAllocationConfig = HEAD) -> tuple[RunSession, FakeCluster]:
-    slurm = _slurm()
-    launcher = launcher or RayLauncher(num_gpus_per_node=2)
-    extra: dict[str, Any] = {} if layout is None else {"layout": layout}
-    probe = RunSession(slurm, RUN_ID, config, launcher, activation=lambda: None, **extra)
-    cluster = FakeCluster(probe.initial_document())
-    session = RunSession(slurm, RUN_ID, config, launcher, activation=lambda: None, io=cluster,
-                         clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, **extra, background=False)
-    return session, cluster
-
-
-def _layout() -> RunLayout:
-    return _compute().run_layout()  # type: ignore[return-value]
-
-
 def test_the_head_script_offers_no_cpus_and_no_gpus_to_ray() -> None:
-    session, cluster = _session(_layout())
+    session, cluster = layout_session(separate_head_layout())
     assert session.launcher.num_gpus_per_node == 2  # the run's launcher is kept as it is
     cluster.on_submit = lambda job: cluster.clock.at(
         cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
-    acquire_head(session.context, session_log())
+    acquire_head(session.context, _Lines())
     (script,) = [text for path, text in cluster.files.items() if path.endswith("/allocation.sh")]
     assert "\n__ds_ray_num_cpus=0\n" in script and "\n__ds_ray_num_gpus=0\n" in script
     (spec,) = cluster.specs
@@ -182,17 +146,18 @@ def test_the_head_script_offers_no_cpus_and_no_gpus_to_ray() -> None:
 
 
 def test_without_a_layout_the_head_script_offers_the_launcher_values() -> None:
-    session, cluster = _session(None, config=SlurmRunAllocationConfig())
+    session, cluster = layout_session(None, config=SlurmRunAllocationConfig())
     assert session.head_launcher is session.launcher
     cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
                                                      lambda: cluster.start(job.job_id))
-    acquire_head(session.context, session_log())
+    acquire_head(session.context, _Lines())
     (script,) = [text for path, text in cluster.files.items() if path.endswith("/allocation.sh")]
     assert "\n__ds_ray_num_cpus=''\n" in script and "\n__ds_ray_num_gpus=2\n" in script
 
 
 def test_a_head_that_keeps_its_cpus_renders_the_launcher_as_it_is() -> None:
-    resource = SlurmSessionResource(slurm=_slurm(), launcher=RayLauncher(num_cpus_per_node=4),
+    resource = SlurmSessionResource(slurm=separate_head_slurm(),
+                                    launcher=RayLauncher(num_cpus_per_node=4),
                                     worker_allocation=SlurmWorkerAllocationConfig())
     layout = resource.run_layout()
     assert layout is not None and not layout.head_only
@@ -201,7 +166,7 @@ def test_a_head_that_keeps_its_cpus_renders_the_launcher_as_it_is() -> None:
 
 def test_ray_head_only_on_the_session_resource_keeps_the_run_allocation_request() -> None:
     resource = SlurmSessionResource(
-        slurm=_slurm(), launcher=RayLauncher(), ray_head_only=True, num_nodes=1,
+        slurm=separate_head_slurm(), launcher=RayLauncher(), ray_head_only=True, num_nodes=1,
         run_allocation=SlurmRunAllocationConfig(partition="cpu", gpus_per_node=0),
         worker_allocation=SlurmWorkerAllocationConfig(partition="gpu", ray_resources={"a": 1}))
     try:
@@ -223,24 +188,25 @@ def test_ray_head_only_on_the_session_resource_keeps_the_run_allocation_request(
 def test_resources_with_other_heads_get_other_sessions() -> None:
     contexts = [_context(RUN_ID)]
     try:
-        plain = ComputeResource(mode="slurm", slurm=_slurm(), allocation_scope="run",
-                                default_launcher=RayLauncher(), run_allocation=WORKERS)
-        a = _compute().get_run_allocation_session(contexts[0], start=False)
-        b = _compute(ray_head_allocation=SlurmRunAllocationConfig(
+        plain = ComputeResource(mode="slurm", slurm=separate_head_slurm(),
+                                allocation_scope="run", default_launcher=RayLauncher(),
+                                run_allocation=WORKERS)
+        a = separate_head_compute().get_run_allocation_session(contexts[0], start=False)
+        b = separate_head_compute(ray_head_allocation=SlurmRunAllocationConfig(
             partition="cpu", mem="2G", time_limit="00:10:00")).get_run_allocation_session(
             contexts[0], start=False)
-        c = _compute(run_allocation=SlurmRunAllocationConfig(partition="cpu")
-                     ).get_run_allocation_session(contexts[0], start=False)
+        c = separate_head_compute(run_allocation=SlurmRunAllocationConfig(partition="cpu")
+                                  ).get_run_allocation_session(contexts[0], start=False)
         d = plain.get_run_allocation_session(contexts[0], start=False)
         assert len({a.digest, b.digest, c.digest, d.digest}) == 4
         assert len({a.job_name, b.job_name, c.job_name, d.job_name}) == 4
-        assert _compute().get_run_allocation_session(contexts[0], start=False) is a
+        assert separate_head_compute().get_run_allocation_session(contexts[0], start=False) is a
     finally:
         sessions_of_run(RUN_ID)
 
 
 def test_a_session_without_a_layout_keeps_its_digest() -> None:
-    slurm = _slurm()
+    slurm = separate_head_slurm()
     config = SlurmRunAllocationConfig(partition="cpu")
     session = RunSession(slurm, RUN_ID, config, RayLauncher(), activation=lambda: None)
     from dagster_slurm.session.session import session_digest
@@ -260,54 +226,10 @@ class _Lines:
     warning = error = info
 
 
-def session_log() -> _Lines:
-    return _Lines()
-
-
-class _Submitter:
-    """A stand-in for ``add_worker_allocation``: records the submission in the fake cluster
-    the way the agent's submit operation does (a worker record under a job of the session's
-    job name)."""
-
-    def __init__(self, cluster: FakeCluster) -> None:
-        self.cluster = cluster
-        self.calls: list[SlurmWorkerAllocationConfig] = []
-
-    def __call__(self, session: Any, config: SlurmWorkerAllocationConfig,
-                 logger: Any, fence: Any = None) -> str:
-        self.calls.append(config)
-        held = (self.cluster.doc().get("leases") or {}).get(WORKER_LEASE)
-        assert held is not None, "submitted without holding the lease"
-        token = f"tok-{len(self.calls)}"
-        job_id = str(self.cluster.next_id)
-        self.cluster.next_id += 1
-        submit = wt.submit_worker(_document(self.cluster), token=token, config=config.snapshot(),
-                                  shape={}, job_name=session.job_name)
-        assert isinstance(submit, wt.Change), submit
-        assert self.cluster.store.transact(submit.patch).ok
-        done = wt.worker_submitted(_document(self.cluster), token=token, job_id=job_id)
-        assert isinstance(done, wt.Change), done
-        assert self.cluster.store.transact(done.patch).ok
-        self.cluster.jobs[job_id] = FakeJob(job_id, session.job_name, token)
-        return job_id
-
-
-def _document(cluster: FakeCluster) -> Any:
-    return tr.document(cluster.doc())
-
-
-def _ready_head(layout: RunLayout | None = None) -> tuple[RunSession, FakeCluster, _Submitter]:
-    session, cluster = _session(layout or _layout())
-    cluster.on_submit = lambda job: cluster.clock.at(
-        cluster.clock.t + 1, lambda: cluster.start(job.job_id, ray_address="10.0.0.1:6379"))
-    submitter = _Submitter(cluster)
-    return session, cluster, submitter
-
-
 def test_a_head_without_a_live_worker_submits_the_first_worker(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    session, cluster, submitter = _ready_head()
-    monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
+    session, cluster, submitter = ready_head()
+    monkeypatch.setattr(workers_keep, "submit_worker_allocation", submitter)
     allocation = session.ensure()
     assert allocation.job_id == "100"
     assert submitter.calls == [session.layout.first_worker]  # type: ignore[union-attr]
@@ -317,8 +239,8 @@ def test_a_head_without_a_live_worker_submits_the_first_worker(
 
 
 def test_a_live_worker_is_enough_and_a_dead_one_is_replaced() -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, _Lines())
     assert keep_a_worker(session.context, submit=submitter) is True
     assert keep_a_worker(session.context, submit=submitter) is False  # pending counts as live
     (worker,) = [j for j in cluster.jobs.values() if j.job_id != "100"]
@@ -333,8 +255,8 @@ def test_a_live_worker_is_enough_and_a_dead_one_is_replaced() -> None:
 
 
 def test_an_uncertain_scheduler_or_a_closed_session_submits_nothing() -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, _Lines())
     cluster.queue_answers = False
     assert keep_a_worker(session.context, submit=submitter) is False
     cluster.queue_answers = True
@@ -345,8 +267,8 @@ def test_an_uncertain_scheduler_or_a_closed_session_submits_nothing() -> None:
 
 
 def test_a_scheduler_error_is_logged_and_submits_nothing() -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, _Lines())
 
     def broken(job_names: Any) -> Any:
         raise SchedulerError("squeue: connection refused")
@@ -359,8 +281,8 @@ def test_a_scheduler_error_is_logged_and_submits_nothing() -> None:
 
 
 def test_another_process_holding_the_lease_submits_instead() -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, _Lines())
     assert lease.acquire(cluster.store, WORKER_LEASE, "other:1:ab", 120.0).acquired
     lines = _Lines()
     assert keep_a_worker(session.context, lines, submit=submitter) is False
@@ -371,9 +293,9 @@ def test_another_process_holding_the_lease_submits_instead() -> None:
 
 def test_a_submission_that_another_process_made_meanwhile_is_seen_under_the_lease(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
-    other = _Submitter(cluster)
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, _Lines())
+    other = WorkerSubmitter(cluster)
     original = lease.acquire
 
     def acquire_after_the_other(*args: Any, **kwargs: Any) -> Any:
@@ -390,18 +312,18 @@ def test_a_submission_that_another_process_made_meanwhile_is_seen_under_the_leas
 
 def test_a_refused_submission_fails_the_step_and_the_next_one_checks_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    session, cluster, submitter = _ready_head()
+    session, cluster, submitter = ready_head()
     calls: list[int] = []
 
     def refused(session: Any, config: Any, logger: Any, fence: Any = None) -> None:
         calls.append(1)
         raise SchedulerError("sbatch: error: invalid partition name")
 
-    monkeypatch.setattr(run_layout, "submit_worker_allocation", refused)
+    monkeypatch.setattr(workers_keep, "submit_worker_allocation", refused)
     with pytest.raises(SchedulerError, match="invalid partition"):
         session.ensure()
     assert session.current_allocation() is None  # not cached: the next step attaches and checks
-    monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
+    monkeypatch.setattr(workers_keep, "submit_worker_allocation", submitter)
     assert session.ensure().job_id == "100"
     assert len(cluster.specs) == 1  # the head was attached to, not submitted again
     assert len(calls) == 1 and len(submitter.calls) == 1
@@ -409,8 +331,8 @@ def test_a_refused_submission_fails_the_step_and_the_next_one_checks_again(
 
 
 def test_a_session_without_a_layout_never_submits_a_worker() -> None:
-    session, cluster = _session(None, config=SlurmRunAllocationConfig())
-    submitter = _Submitter(cluster)
+    session, cluster = layout_session(None, config=SlurmRunAllocationConfig())
+    submitter = WorkerSubmitter(cluster)
     assert keep_a_worker(session.context, submit=submitter) is False
     assert submitter.calls == []
 
@@ -420,8 +342,8 @@ def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
     from dagster_slurm.session.supervision.head_watch import HeadWatch, WatchAction
     from dagster_slurm.state.election import HEAD_CHECK_INTERVAL
 
-    session, cluster, submitter = _ready_head()
-    monkeypatch.setattr(run_layout, "submit_worker_allocation", submitter)
+    session, cluster, submitter = ready_head()
+    monkeypatch.setattr(workers_keep, "submit_worker_allocation", submitter)
     session.ensure()
     assert session.separate_head and len(submitter.calls) == 1
     watch = HeadWatch(session.context)
@@ -438,8 +360,8 @@ def test_the_head_watch_of_a_separate_head_submits_a_worker_when_none_is_left(
 
 
 def test_a_successor_of_a_separate_head_is_shaped_and_started_like_the_head() -> None:
-    session, cluster, _submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, _submitter = ready_head()
+    acquire_head(session.context, _Lines())
     successor = session.submit_successor(SlurmRunAllocationConfig(time_limit="00:20:00"))
     spec = cluster.specs[-1]
     assert (spec.partition, spec.time_limit, spec.num_nodes) == ("cpu", "00:20:00", 1)
@@ -456,7 +378,7 @@ def test_a_successor_of_a_separate_head_is_shaped_and_started_like_the_head() ->
 def test_a_separate_head_survives_dagster_building_the_resource_again() -> None:
     import dagster as dg
 
-    compute = _compute(mode="local", slurm=None)
+    compute = separate_head_compute(mode="local", slurm=None)
 
     @dg.asset
     def uses(compute: ComputeResource) -> int:

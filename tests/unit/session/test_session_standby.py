@@ -17,16 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from test_session_server import (
-    BASH,
-    JOB_ID,
-    STUB_SCANCEL,
-    STUB_SCONTROL,
-    STUB_SRUN,
-    Server,
-    read,
-    wait_for,
-)
+from step_server_stubs import BASH, JOB_ID, Server, install_stubs, read, wait_for
 
 from dagster_slurm.launchers import BashLauncher, ExecutionPlan
 from dagster_slurm.session.core.paths import SessionPaths
@@ -79,10 +70,7 @@ def standby(tmp_path: Path, *, drain_signal: str = "USR1",
     stubs, logs = tmp_path / "bin", tmp_path / "stub-logs"
     stubs.mkdir()
     logs.mkdir()
-    for name, text in (("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL),
-                       ("scancel", STUB_SCANCEL)):
-        (stubs / name).write_text(text)
-        (stubs / name).chmod(0o755)
+    install_stubs(stubs)
     paths = SessionPaths.create(str(tmp_path), "run1")
     submit_dir = Path(paths.submit_dir(TOKEN))
     submit_dir.mkdir(parents=True)

@@ -11,62 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from session_fakes import FakeCluster
+from running_heads import CONFIG, new_session, running_head, start_on_promotion
 
-from dagster_slurm.launchers.bash import BashLauncher
-from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.errors import SessionError
 from dagster_slurm.session.head.successor import inherit_config
-from dagster_slurm.session.session import RunSession
-from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
 
-RUN_ID = "7d1f0c2e-1111-4a6e-8f0e-1b2c3d4e5f61"
-CONFIG: dict[str, Any] = {"time_limit": "01:00:00", "signal_before_timeout": "USR1@60",
-                          "extra_sbatch_directives": ["--begin=now"]}
-
-
-def _slurm() -> SlurmResource:
-    return SlurmResource(
-        ssh=SSHConnectionResource(host="login.invalid", user="u"),
-        remote_base="/cluster/ds",
-        queue=SlurmQueueConfig(partition="cpu", num_nodes=1, mem="8G"),
-    )
-
-
-def _session(cluster: FakeCluster | None = None) -> tuple[RunSession, FakeCluster]:
-    slurm = _slurm()
-    config = SlurmRunAllocationConfig(**CONFIG)
-    probe = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None)
-    cluster = cluster or FakeCluster(probe.initial_document())
-    session = RunSession(slurm, RUN_ID, config, BashLauncher(), activation=lambda: None,
-                         io=cluster, clock=cluster.clock.monotonic, sleep=cluster.clock.sleep, background=False)
-    published: list[str] = []
-    session.publish_allocation = published.append
-    session.published = published  # type: ignore[attr-defined]
-    return session, cluster
-
-
-def _running_head() -> tuple[RunSession, FakeCluster, str]:
-    session, cluster = _session()
-    cluster.on_submit = lambda job: cluster.clock.at(cluster.clock.t + 1,
-                                                     lambda: cluster.start(job.job_id))
-    head = session.ensure().job_id
-    cluster.on_submit = None
-    return session, cluster, head
-
-
-def _start_on_promotion(cluster: FakeCluster, job_id: str) -> None:
-    """The successor's step server reports ready once the start script is written."""
-    cluster.on_write = lambda files: cluster.clock.at(cluster.clock.t + 2,
-                                                      lambda: cluster.start(job_id, nodes=("c2",)))
-
 
 def test_submit_returns_at_submission_and_inherits_all_but_extra_directives() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor(SlurmRunAllocationConfig(time_limit="00:30:00"))
     assert cluster.jobs[successor.job_id].state is JobState.PENDING  # did not wait for it
     assert successor.predecessor == head and successor.config.signal_before_timeout == "USR1@60"
@@ -99,7 +54,7 @@ def test_a_bad_combination_with_inherited_fields_names_the_field() -> None:
 
 
 def test_a_second_successor_is_refused_naming_the_outstanding_one() -> None:
-    session, cluster, _ = _running_head()
+    session, cluster, _ = running_head()
     first = session.submit_successor()
     with pytest.raises(SessionError, match=f"outstanding successor \\(job {first.job_id}"):
         session.submit_successor()
@@ -107,7 +62,7 @@ def test_a_second_successor_is_refused_naming_the_outstanding_one() -> None:
 
 
 def test_a_successor_that_ended_before_promotion_makes_room_for_another() -> None:
-    session, cluster, _ = _running_head()
+    session, cluster, _ = running_head()
     first = session.submit_successor()
     cluster.end(first.job_id, JobState.CANCELLED)
     second = session.submit_successor()
@@ -117,7 +72,7 @@ def test_a_successor_that_ended_before_promotion_makes_room_for_another() -> Non
 
 
 def test_promotion_requires_a_running_successor() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     with pytest.raises(SessionError, match="is PENDING.*requires a RUNNING successor"):
         session.promote_successor()
@@ -127,7 +82,7 @@ def test_promotion_requires_a_running_successor() -> None:
 
 
 def test_promotion_refused_while_a_predecessor_payload_is_active() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.run_without_ready(successor.job_id)
     cluster.steps[head] = ["waiting 1a2b", "running asset_a"]
@@ -137,10 +92,10 @@ def test_promotion_refused_while_a_predecessor_payload_is_active() -> None:
 
 
 def test_promotion_publishes_the_successor_and_releases_the_predecessor() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.run_without_ready(successor.job_id)
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     allocation = session.promote_successor()
     assert allocation.job_id == successor.job_id and allocation.nodes == ("c2",)
     assert allocation.drain_signal == "USR1"
@@ -157,7 +112,7 @@ def test_promotion_publishes_the_successor_and_releases_the_predecessor() -> Non
 
 
 def test_a_payload_admitted_during_startup_fails_promotion_until_it_finishes() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.run_without_ready(successor.job_id)
 
@@ -175,10 +130,10 @@ def test_a_payload_admitted_during_startup_fails_promotion_until_it_finishes() -
 
 
 def test_repeated_promotion_only_repairs_tags_and_cleanup() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.run_without_ready(successor.job_id)
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     session.promote_successor()
     version = cluster.doc()["version"]
     cluster.jobs[head].state = JobState.RUNNING  # the release did not take
@@ -190,10 +145,10 @@ def test_repeated_promotion_only_repairs_tags_and_cleanup() -> None:
 
 
 def test_a_step_that_slipped_in_before_publication_keeps_the_predecessor_alive() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.run_without_ready(successor.job_id)
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     checks = {"n": 0}
     real = cluster.active_steps
 
@@ -210,14 +165,14 @@ def test_a_step_that_slipped_in_before_publication_keeps_the_predecessor_alive()
 
 
 def test_a_fresh_process_finds_the_successor_after_its_predecessor_ended() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.end(head, JobState.TIMEOUT)
     session.forget(session.allocation, "TIMEOUT")  # the predecessor is retired
     assert "allocation" not in cluster.doc() or cluster.doc()["allocation"] is None
-    fresh, _ = _session(cluster)
+    fresh, _ = new_session(cluster)
     cluster.run_without_ready(successor.job_id)
-    _start_on_promotion(cluster, successor.job_id)
+    start_on_promotion(cluster, successor.job_id)
     allocation = fresh.promote_successor()
     assert allocation.job_id == successor.job_id
     doc = cluster.doc()
@@ -226,27 +181,27 @@ def test_a_fresh_process_finds_the_successor_after_its_predecessor_ended() -> No
 
 
 def test_the_heartbeat_runs_while_the_caller_waits_for_a_queued_successor() -> None:
-    session, cluster, _ = _running_head()
+    session, cluster, _ = running_head()
     session.close(cancel=False)  # this process stopped using the session ...
-    fresh, _ = _session(cluster)
+    fresh, _ = new_session(cluster)
     beats = cluster.calls.get("beat", 0)
     fresh.submit_successor()  # ... another one queues the successor and waits for it
     assert cluster.calls.get("beat", 0) == beats + 1  # its heartbeat started with a beat
 
 
 def test_teardown_cancels_a_pending_successor() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     session.close(cancel=True, reason="the run is SUCCESS")
     assert {head, successor.job_id} <= set(cluster.cancelled)
-    fresh, _ = _session(cluster)
+    fresh, _ = new_session(cluster)
     with pytest.raises(SessionError, match="closed"):
         fresh.promote_successor()
 
 
 # -- promote_successor(wait=...) -------------------------------------------------------------
 def test_waiting_promotion_releases_a_drained_predecessor_the_successor_waits_for() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.jobs[successor.job_id].reason = "Resources"
     session.allocation.request_drain = lambda: None  # type: ignore[method-assign]
@@ -255,7 +210,7 @@ def test_waiting_promotion_releases_a_drained_predecessor_the_successor_waits_fo
     def freed() -> None:  # the successor starts once the predecessor's nodes are free
         if head in cluster.cancelled:
             cluster.run_without_ready(successor.job_id)
-            _start_on_promotion(cluster, successor.job_id)
+            start_on_promotion(cluster, successor.job_id)
         else:
             cluster.clock.at(cluster.clock.t + 1, freed)
 
@@ -269,10 +224,10 @@ def test_waiting_promotion_releases_a_drained_predecessor_the_successor_waits_fo
 
 
 def test_waiting_promotion_keeps_a_predecessor_that_is_not_drained() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.clock.at(30, lambda: (cluster.run_without_ready(successor.job_id),
-                                  _start_on_promotion(cluster, successor.job_id)))
+                                  start_on_promotion(cluster, successor.job_id)))
     allocation = session.promote_successor(wait=600)
     assert allocation.job_id == successor.job_id
     assert cluster.clock.t >= 30  # it waited for RUNNING
@@ -280,7 +235,7 @@ def test_waiting_promotion_keeps_a_predecessor_that_is_not_drained() -> None:
 
 
 def test_waiting_promotion_keeps_a_drained_predecessor_with_an_unfinished_step() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.drained[head] = "TERM"  # Slurm's pre-walltime signal reached its server
     cluster.steps[head] = ["running asset_a"]
@@ -291,19 +246,19 @@ def test_waiting_promotion_keeps_a_drained_predecessor_with_an_unfinished_step()
 
 
 def test_waiting_promotion_waits_out_a_scheduler_that_does_not_answer() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     successor = session.submit_successor()
     cluster.drained[head] = "TERM"
     cluster.queue_answers = False
     cluster.clock.at(20, lambda: setattr(cluster, "queue_answers", True))
     cluster.clock.at(40, lambda: (cluster.run_without_ready(successor.job_id),
-                                  _start_on_promotion(cluster, successor.job_id)))
+                                  start_on_promotion(cluster, successor.job_id)))
     assert session.promote_successor(wait=600).job_id == successor.job_id
     assert cluster.cancelled.count(head) == 1
 
 
 def test_waiting_promotion_raises_for_a_successor_that_ended_in_the_queue() -> None:
-    session, cluster, _ = _running_head()
+    session, cluster, _ = running_head()
     successor = session.submit_successor()
     cluster.clock.at(5, lambda: cluster.end(successor.job_id, JobState.CANCELLED))
     with pytest.raises(SessionError, match=f"{successor.job_id} ended \\(CANCELLED\\) before it started"):

@@ -10,9 +10,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from running_heads import ray_running_head, running_head
 from session_fakes import FakeCluster, FakeJob
-from test_head_election import _ray_running_head
-from test_session_successor import _running_head
 
 from dagster_slurm.session.head.worker_host import HOST_TIMEOUT, host_head_path, host_state_path
 from dagster_slurm.session.workers.removal import remove_worker_allocation
@@ -63,7 +62,7 @@ def _answer(cluster: FakeCluster, session: Any, answers: dict[str, str | None]) 
 
 
 def test_a_lost_head_is_replaced_by_the_worker_allocation_hosting_a_control_plane() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker(cluster, session, "900", "g1")
     seen = _answer(cluster, session, {"900": "ready"})
     cluster.end(head, JobState.CANCELLED)
@@ -83,7 +82,7 @@ def test_a_lost_head_is_replaced_by_the_worker_allocation_hosting_a_control_plan
 
 
 def test_a_reported_failure_fails_the_claim_and_the_next_worker_allocation_is_elected() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker(cluster, session, "900", "g1")
     _add_worker(cluster, session, "901", "g2")
     seen = _answer(cluster, session, {"900": "failed", "901": "ready"})
@@ -97,7 +96,7 @@ def test_a_reported_failure_fails_the_claim_and_the_next_worker_allocation_is_el
 
 
 def test_a_worker_allocation_that_never_answers_is_passed_over_after_two_timeouts() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker(cluster, session, "900", "g1")
     seen = _answer(cluster, session, {"900": None})
     cluster.end(head, JobState.CANCELLED)
@@ -118,7 +117,7 @@ def test_a_worker_allocation_that_never_answers_is_passed_over_after_two_timeout
 
 
 def test_a_worker_allocation_that_ends_while_asked_fails_at_once() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker(cluster, session, "900", "g1")
     _answer(cluster, session, {"900": None})
     cluster.on_write_base = cluster.on_write  # type: ignore[attr-defined]
@@ -139,7 +138,7 @@ def test_a_worker_allocation_that_ends_while_asked_fails_at_once() -> None:
 
 
 def test_removing_the_worker_allocation_hosting_the_head_hands_the_head_over_first() -> None:
-    session, cluster, head = _running_head()
+    session, cluster, head = running_head()
     _add_worker(cluster, session, "900", "g1")
     _add_worker(cluster, session, "901", "g2")
     cluster.jobs["901"].time_left = 450.0  # 900 has the most time left: elected first
@@ -166,7 +165,7 @@ def test_removing_the_worker_allocation_hosting_the_head_hands_the_head_over_fir
 
 
 def test_a_head_hosted_by_a_worker_allocation_that_drains_itself_is_replaced() -> None:
-    session, cluster, head = _ray_running_head()  # the markers are read with Ray
+    session, cluster, head = ray_running_head()  # the markers are read with Ray
     _add_worker(cluster, session, "900", "g1")
     seen = _answer(cluster, session, {"900": "ready"})
     cluster.end(head, JobState.CANCELLED)
@@ -184,7 +183,7 @@ def test_a_head_hosted_by_a_worker_allocation_that_drains_itself_is_replaced() -
 def test_a_worker_allocation_that_drains_itself_is_not_asked_to_host_the_head() -> None:
     # Its pre-walltime signal made it drain (its state file says so) without the session
     # asking: the document has no drain deadline for it, yet it must not be elected.
-    session, cluster, head = _ray_running_head()
+    session, cluster, head = ray_running_head()
     _add_worker(cluster, session, "900", "g1")
     _add_worker(cluster, session, "901", "g2")
     seen = _answer(cluster, session, {"900": "ready", "901": "ready"})

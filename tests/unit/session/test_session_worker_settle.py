@@ -5,8 +5,8 @@ submitted again; a fresh open submission, or an uncertain squeue, settles nothin
 
 from __future__ import annotations
 
-from session_fakes import FakeCluster, FakeJob
-from test_session_separate_head import _ready_head, session_log
+from separate_heads import ready_head
+from session_fakes import FakeCluster, FakeJob, Lines
 
 from dagster_slurm.session.head.acquire import acquire_head
 from dagster_slurm.session.workers.keep import keep_a_worker
@@ -24,8 +24,8 @@ def _open_submission(cluster: FakeCluster, token: str) -> None:
 
 
 def test_a_stale_submission_whose_job_exists_becomes_the_worker() -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, Lines())
     _open_submission(cluster, "tok-dead")
     cluster.jobs["555"] = FakeJob("555", session.job_name, "tok-dead", JobState.RUNNING,
                                   None, ("g1",))
@@ -39,8 +39,8 @@ def test_a_stale_submission_whose_job_exists_becomes_the_worker() -> None:
 
 
 def test_a_stale_submission_without_a_job_is_failed_and_a_worker_submitted_again() -> None:
-    session, cluster, submitter = _ready_head()
-    acquire_head(session.context, session_log())
+    session, cluster, submitter = ready_head()
+    acquire_head(session.context, Lines())
     _open_submission(cluster, "tok-lost")
     cluster.clock.sleep(SUBMIT_GRACE_SECONDS + 1)
     cluster.queue_answers = False
@@ -53,7 +53,7 @@ def test_a_stale_submission_without_a_job_is_failed_and_a_worker_submitted_again
 
 
 def test_stale_tokens_only_lists_open_submissions_past_the_grace() -> None:
-    session, cluster, _submitter = _ready_head()
+    session, cluster, _submitter = ready_head()
     _open_submission(cluster, "a")
     read = cluster.read()
     assert stale_tokens(read.doc, read.now) == []

@@ -1,5 +1,5 @@
 """A worker allocation's batch script hosting the run's Ray head on request (bash with the
-stub Slurm, Ray and python3 commands of ``test_session_worker_script``; the step server is a
+stub Slurm, Ray and python3 commands of ``worker_script_stubs``; the step server is a
 stub that records RAY_ADDRESS and names this job in ``ray_head``). Real Ray on real Slurm:
 ``tests/integration/test_worker_head_election.py``.
 """
@@ -12,7 +12,7 @@ import socket
 import time
 from pathlib import Path
 
-from test_session_worker_script import JOB_ID, STUBS, Worker, _joined, wait_for, worker
+from worker_script_stubs import JOB_ID, STUBS, Worker, wait_for, worker
 
 # The step server stub: ready with RAY_ADDRESS, then ray_head naming this job at a port the
 # test listens on (the stub 'ray start --head' opens none), then it stays.
@@ -56,7 +56,7 @@ def test_it_hosts_a_head_only_control_plane_and_its_node_follows_it(tmp_path):
         listener = _server(w)
         try:
             w.name_head("7")
-            wait_for(lambda: _joined(w, "7"), "the join of head 7")
+            wait_for(lambda: w.joined("7"), "the join of head 7")
             _ask(w, "term=3\n")
             state = wait_for(lambda: w.file("host_head_state").startswith("started term=3")
                              and w.file("host_head_state"), "the hosted head to start")
@@ -71,7 +71,7 @@ def test_it_hosts_a_head_only_control_plane_and_its_node_follows_it(tmp_path):
             wait_for(lambda: w.file("ready") == f"head=n1\nray_address={address}\n",
                      "the step server's ready file with the head's address")
             # the node's worker leaves head 7 and joins this allocation's head
-            wait_for(lambda: _joined(w, JOB_ID), "the node to join the hosted head")
+            wait_for(lambda: w.joined(JOB_ID), "the node to join the hosted head")
             assert f"the run's Ray head is now job {JOB_ID}" in w.log()
             srun = (w.stubs / "srun.args").read_text()
             assert "--job-name=ray-head" in srun and "--nodelist=n1" in srun
@@ -89,7 +89,7 @@ def test_a_head_that_does_not_start_is_reported_failed(tmp_path):
     with worker(tmp_path) as w:
         _server(w).close()
         w.name_head("7")
-        wait_for(lambda: _joined(w, "7"), "the join of head 7")
+        wait_for(lambda: w.joined("7"), "the join of head 7")
         failing = STUBS["ray"].replace('if [ "$1" = start ]; then',
                                        'case " $* " in *" --head "*) exit 1 ;; esac\n'
                                        'if [ "$1" = start ]; then')
@@ -99,7 +99,7 @@ def test_a_head_that_does_not_start_is_reported_failed(tmp_path):
                  "the failure report")
         assert "ended before the head started" in w.file("host_head_state")
         assert w.file("ready") == ""
-        assert _joined(w, "7")  # the node stays with its head
+        assert w.joined("7")  # the node stays with its head
         assert w.proc.poll() is None
 
 
@@ -108,13 +108,13 @@ def test_it_stops_hosting_once_the_head_moves_to_another_job_and_stays_a_worker(
         listener = _server(w)
         try:
             w.name_head("7")
-            wait_for(lambda: _joined(w, "7"), "the join of head 7")
+            wait_for(lambda: w.joined("7"), "the join of head 7")
             _ask(w, "term=5\n")
-            wait_for(lambda: _joined(w, JOB_ID), "the node to join the hosted head")
+            wait_for(lambda: w.joined(JOB_ID), "the node to join the hosted head")
             w.name_head("8")
             wait_for(lambda: w.file("host_head_state").startswith("ended term=5 moved to job 8"),
                      "the hosted head to stop")
-            wait_for(lambda: _joined(w, "8"), "the node to join head 8")
+            wait_for(lambda: w.joined("8"), "the node to join head 8")
             assert w.file("ready") == "" and w.proc.poll() is None
         finally:
             listener.close()
@@ -131,9 +131,9 @@ def test_a_drain_while_it_hosts_the_head_drains_the_step_server_and_keeps_the_he
             "while :; do sleep 0.1; done"))
         try:
             w.name_head("7")
-            wait_for(lambda: _joined(w, "7"), "the join of head 7")
+            wait_for(lambda: w.joined("7"), "the join of head 7")
             _ask(w, "term=6\n")
-            wait_for(lambda: _joined(w, JOB_ID), "the node to join the hosted head")
+            wait_for(lambda: w.joined(JOB_ID), "the node to join the hosted head")
             deadline = int(time.time()) + 60
             Path(w.paths.worker_drain(JOB_ID)).write_text(f"deadline={deadline}\n")
             w.proc.send_signal(signal.SIGUSR1)

@@ -1,6 +1,6 @@
 """Stub cluster commands for running Ray job scripts with bash (no tests here).
 
-Used by ``test_ray_script.py``.
+Used by ``test_ray_script.py``, ``test_ray_head_only.py`` and ``test_ray_privacy.py``.
 
 The stubs record their arguments under ``<tmp>/log``. PATH holds only the stubs and
 symlinks to the few real tools the script may use, so a script that calls anything else

@@ -1,0 +1,163 @@
+"""Stub Slurm commands (srun, scontrol, scancel) and a handle on a step server run with bash
+(no tests here).
+
+The stubs record their arguments under ``$STUB_LOG_DIR``; ``srun`` runs what follows the
+word ``bash`` as a numbered step and ``scancel --signal`` signals that step's process, as
+Slurm signals a step's tasks. Used by ``test_session_server.py`` and
+``test_session_standby.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dagster_slurm.agent.remote.files import wake_fifo
+from dagster_slurm.jobs.paths import InvocationPaths
+from dagster_slurm.session.core.allocation import parse_ready
+from dagster_slurm.session.core.paths import SessionPaths
+
+BASH = "/bin/bash"
+#: The allocation's job id (``SLURM_JOB_ID``).
+JOB_ID = "42"
+#: Seconds :func:`wait_for` waits by default.
+DEADLINE = 10.0
+
+# srun: ignore the options, record argv and pid, number the step (SLURM_STEP_ID, its pid in
+# steps/<id>), run what follows the word 'bash'.
+STUB_SRUN = """#!/bin/bash
+printf '%s\\n' "$*" >> "$STUB_LOG_DIR/srun.args"
+printf '%s\\n' "$$" >> "$STUB_LOG_DIR/srun.pids"
+mkdir -p "$STUB_LOG_DIR/steps"
+export SLURM_STEP_ID=$(ls "$STUB_LOG_DIR/steps" | wc -l)
+printf '%s\\n' "$$" > "$STUB_LOG_DIR/steps/$SLURM_STEP_ID"
+while [ "$#" -gt 0 ] && [ "$1" != bash ]; do shift; done
+exec "$@"
+"""
+STUB_SCONTROL = """#!/bin/bash
+if [ "$1" = show ] && [ "$2" = hostnames ]; then
+    printf '%s\\n' "${3//,/$'\\n'}"
+    exit 0
+fi
+exit 1
+"""
+# scancel: record argv; --signal=SIG <job>.<step> signals that step's process (as Slurm
+# signals a step's tasks).
+STUB_SCANCEL = """#!/bin/bash
+printf '%s\\n' "$*" >> "$STUB_LOG_DIR/scancel.args"
+case $1 in
+    --signal=*)
+        pid=$(cat "$STUB_LOG_DIR/steps/${2#*.}" 2>/dev/null) || exit 1
+        kill -s "${1#--signal=}" "$pid"
+        ;;
+esac
+"""
+
+
+def install_stubs(directory: Path) -> None:
+    """Write the stub ``srun``, ``scontrol`` and ``scancel`` into ``directory``
+    (executable)."""
+    for name, text in (("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL),
+                       ("scancel", STUB_SCANCEL)):
+        (directory / name).write_text(text)
+        (directory / name).chmod(0o755)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = DEADLINE,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until it is truthy; fail after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def read(path: str | Path) -> str | None:
+    """The file's text; None when it does not exist."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return None
+
+
+@dataclass
+class Server:
+    """A running step server (``proc``) of job :data:`JOB_ID` under ``root``: its session
+    ``paths``, the stubs' records in ``logs``, and what the agent would do to it."""
+
+    root: Path
+    paths: SessionPaths
+    proc: subprocess.Popen[bytes]
+    logs: Path
+
+    @property
+    def job_dir(self) -> Path:
+        return Path(self.paths.job_dir(JOB_ID))
+
+    def log(self) -> str:
+        return read(self.root / "server.log") or ""
+
+    def wait_ready(self) -> dict[str, str]:
+        ready = self.paths.ready(JOB_ID)
+        wait_for(lambda: os.path.exists(ready), what=f"the ready file\n{self.log()}")
+        return parse_ready(Path(ready).read_text())
+
+    def wake(self) -> tuple[bool, str]:
+        """Write a line to the server's wake FIFO, as the agent does after a request."""
+        return wake_fifo(self.paths.wake(JOB_ID))
+
+    def request(self, request_id: str, body: str, *, name: str | None = None,
+                lines: list[str] | None = None, record: bool = True,
+                wake: bool = True) -> InvocationPaths:
+        """Write a step script and request it, atomically (temp name, then rename), then
+        wake the server (unless ``wake`` is False). The script records its step id after
+        the body's leading ``trap`` lines, as a real step does once its signal handling is
+        set up."""
+        inv = self.paths.invocation(JOB_ID, name or f"step-{request_id}", "inv")
+        Path(inv.job_dir).mkdir(parents=True, exist_ok=True)
+        script = inv.file("dagster_slurm_step.sh")
+        body_lines = body.split("\n")
+        traps = 0
+        while traps < len(body_lines) and body_lines[traps].startswith("trap "):
+            traps += 1
+        step_file = shlex.quote(inv.file("slurm_step_id"))
+        if record:
+            body_lines.insert(traps, f"printf '%s\\n' \"$SLURM_STEP_ID\" > {step_file}")
+        Path(script).write_text("#!/bin/bash\n" + "\n".join(body_lines) + "\n")
+        if lines is None:
+            lines = [script, inv.stdout, inv.stderr, inv.status, inv.drain,
+                     name or f"step-{request_id}", inv.file("slurm_step_id")]
+        target = Path(self.paths.request(JOB_ID, request_id))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f"{request_id}.tmp")
+        temp.write_text("\n".join(lines) + "\n")
+        os.rename(temp, target)
+        if wake:
+            self.wake()
+        return inv
+
+    def cancel(self, request_id: str) -> None:
+        target = Path(self.paths.request(JOB_ID, request_id, "cancel"))
+        temp = target.with_name(f"{request_id}.tmpc")
+        temp.write_text("\n")
+        os.rename(temp, target)
+        self.wake()
+
+    def status(self, inv: InvocationPaths) -> str:
+        text = wait_for(lambda: read(inv.status),
+                        what=f"the status file {inv.status}\n{self.log()}")
+        return str(text).strip()
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
