@@ -2,6 +2,7 @@
 
 
 import os
+import re
 import subprocess
 import textwrap
 import time
@@ -15,6 +16,10 @@ from dagster_slurm.agent.ops import exec_op
 from dagster_slurm.agent.results import ExecResult
 from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.environment import EnvironmentConfig, prepare_environment
+from dagster_slurm.launchers.ray import RayLauncher
+
+#: The cluster-side packages of the Ray tests' environment.
+RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 
 PAYLOAD_OK = """
 import sys
@@ -50,6 +55,23 @@ def compute(env: dict[str, str], mode: str = "slurm", **kwargs: object) -> Compu
         kwargs.setdefault("env_packages", ["dagster-pipes"])
     slurm = kwargs.pop("slurm", None) or slurm_resource(env)
     return ComputeResource(mode="slurm", slurm=slurm, **kwargs)
+
+
+def ray_compute(env: dict[str, str], launcher: RayLauncher, **queue: object) -> ComputeResource:
+    """An asset-scope ComputeResource with ``launcher`` on the dev cluster whose queue is
+    ``queue`` (by default 2 CPUs, 2500M, 10 minutes), in the Ray environment:
+    ``DAGSTER_SLURM_TEST_RAY_ENV_PATH`` when set (pre-deployed), else :data:`RAY_PACKAGES`."""
+    queue.setdefault("mem", "2500M")
+    queue.setdefault("cpus", 2)
+    queue.setdefault("time_limit", "00:10:00")
+    kwargs: dict[str, object] = {}
+    if os.environ.get("DAGSTER_SLURM_TEST_RAY_ENV_PATH"):
+        kwargs["pre_deployed_env_path"] = os.environ["DAGSTER_SLURM_TEST_RAY_ENV_PATH"]
+    else:
+        kwargs["env_packages"] = RAY_PACKAGES
+    return ComputeResource(
+        mode="slurm", slurm=slurm_resource(env, **queue), default_launcher=launcher, **kwargs
+    )
 
 
 def on_a_node(slurm: SlurmResource, argv: Sequence[str], *, timeout: float = 300.0) -> ExecResult:
@@ -101,6 +123,21 @@ def run_logs(result: dg.ExecuteInProcessResult) -> list[str]:
     """Every user-facing log message of the run (context.log and Pipes logs)."""
     instance = _INSTANCES[result.run_id]
     return [entry.user_message for entry in instance.all_logs(result.run_id)]
+
+
+def metadata_of(result: dg.ExecuteInProcessResult) -> dict[str, object]:
+    """The metadata of the run's one asset materialization, as plain values."""
+    (event,) = result.get_asset_materialization_events()
+    return {key: value.value for key, value in event.materialization.metadata.items()}
+
+
+def job_id_of(result: dg.ExecuteInProcessResult) -> str:
+    """The id of the Slurm job the run's logs say was submitted (the first one)."""
+    for message in run_logs(result):
+        found = re.search(r"Submitted Slurm job (\d+)", message or "")
+        if found:
+            return found.group(1)
+    raise AssertionError("no job id in the run's logs")
 
 
 def logged(instance: dg.DagsterInstance, text: str) -> bool:

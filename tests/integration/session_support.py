@@ -12,12 +12,10 @@ import subprocess
 import threading
 
 import dagster as dg
-from compute_support import slurm_resource
+from compute_support import RAY_PACKAGES, slurm_resource
 
 from dagster_slurm import ComputeResource, RayLauncher, SlurmRunAllocationConfig
 from dagster_slurm.launchers.bash import BashLauncher
-
-RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 
 RAY_SESSION_PAYLOAD = """
 import os, time

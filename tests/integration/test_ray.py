@@ -9,31 +9,28 @@ clusters sharing nodes is the point.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import dagster as dg
 import pytest
 from compute_support import (
+    job_id_of,
     materialize_one,
+    metadata_of,
+    ray_compute,
     run_logs,
-    slurm_resource,
     squeue_names,
     step_failure,
     write_payload,
 )
 
-from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.devcluster import NODES, DevCluster
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.launchers.ray_ports import RayPortConfig, hash_block_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-RAY_PACKAGES = ["dagster-pipes", "ray[default,data]==2.60.0"]
 
 CLUSTER_PAYLOAD = """
 import os, socket, time
@@ -93,33 +90,6 @@ NOT_HEAD_FAILS = (
 @pytest.fixture(scope="module")
 def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
-
-
-def ray_compute(env: dict[str, str], launcher: RayLauncher, **queue: object) -> ComputeResource:
-    queue.setdefault("mem", "2500M")
-    queue.setdefault("cpus", 2)
-    queue.setdefault("time_limit", "00:10:00")
-    kwargs: dict[str, object] = {}
-    if os.environ.get("DAGSTER_SLURM_TEST_RAY_ENV_PATH"):
-        kwargs["pre_deployed_env_path"] = os.environ["DAGSTER_SLURM_TEST_RAY_ENV_PATH"]
-    else:
-        kwargs["env_packages"] = RAY_PACKAGES
-    return ComputeResource(
-        mode="slurm", slurm=slurm_resource(env, **queue), default_launcher=launcher, **kwargs
-    )
-
-
-def metadata_of(result: dg.ExecuteInProcessResult) -> dict[str, object]:
-    (event,) = result.get_asset_materialization_events()
-    return {key: value.value for key, value in event.materialization.metadata.items()}
-
-
-def job_id_of(result: dg.ExecuteInProcessResult) -> str:
-    for message in run_logs(result):
-        found = re.search(r"Submitted Slurm job (\d+)", message or "")
-        if found:
-            return found.group(1)
-    raise AssertionError("no job id in the run's logs")
 
 
 def ray_processes_of(job_id: str) -> list[str]:
@@ -184,8 +154,7 @@ def test_gpu_cluster_offers_the_granted_gpus(env, tmp_path):
 RUN_IN_OWN_PROCESS = """
 import json, os, sys
 sys.path.insert(0, {tests!r})
-from compute_support import materialize_one
-from test_ray import job_id_of, metadata_of, ray_compute
+from compute_support import job_id_of, materialize_one, metadata_of, ray_compute
 from dagster_slurm.launchers.ray import RayLauncher
 
 compute = ray_compute(dict(os.environ), RayLauncher(include_dashboard=False), cpus=1)

@@ -33,53 +33,22 @@ import uuid
 from pathlib import Path
 
 import pytest
-from compute_support import slurm_resource, squeue_state, wait_until
+from compute_support import squeue_state, wait_until
+from reconcile_support import GPU, QUEUED, headless_session
 
-from dagster_slurm import (
-    RayLauncher,
-    SlurmResource,
-    SlurmRunAllocationConfig,
-    SlurmWorkerAllocationConfig,
-    WorkerIntent,
-)
+from dagster_slurm import WorkerIntent
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.session.session import RunSession
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).parent
-QUEUED = SlurmWorkerAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=1,
-                                     gpus_per_node=0, mem="200M", time_limit="00:05:00",
-                                     extra_sbatch_directives=["--begin=now+1hour"])
-GPU = SlurmWorkerAllocationConfig(partition="gpu", num_nodes=1, cpus_per_task=1,
-                                  gpus_per_node=1, mem="200M", time_limit="00:05:00")
 SHIMS = "/home/dslurm/dagster-slurm/test-shims"
 
 
 @pytest.fixture(scope="module")
 def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
-
-
-def new_session(env: dict[str, str], run_id: str | None = None,
-                python: str | None = None) -> RunSession:
-    """A Ray run session whose head is never started (reconcile needs none); no environment
-    is deployed (the workers wait for a head, or in the queue). ``python``: the login
-    node's interpreter that runs the agent (a wrapper with a shim command, see
-    :func:`_shim_python`)."""
-    config = SlurmRunAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=1,
-                                      mem="200M", time_limit="00:10:00",
-                                      heartbeat_timeout=300, heartbeat_interval=5)
-    resource = slurm_resource(env)
-    if python is not None:
-        resource = SlurmResource(ssh=resource.ssh, queue=resource.queue,
-                                 remote_base=resource.remote_base, python=python)
-    session = RunSession(resource, run_id or str(uuid.uuid4()), config,
-                         RayLauncher(include_dashboard=False), activation=lambda: None)
-    # These sessions never start a head: the supervisor's heartbeat and its head check
-    # (which would elect a head for the waiting workers) are not what is shown here.
-    session._start_heartbeat = lambda: None  # type: ignore[method-assign]
-    return session
 
 
 def _close(session: RunSession) -> None:
@@ -125,7 +94,7 @@ def _shim_python(name: str, body: str) -> str:
 
 # -- inspect --------------------------------------------------------------------------------------
 def test_inspect_sees_every_allocation_in_one_round_trip_and_one_squeue(env):
-    session = new_session(env)
+    session = headless_session(env)
     try:
         running = session.add_worker_allocation(GPU)
         queued = session.reconcile_workers(WorkerIntent(key="queued", count=1, config=QUEUED))
@@ -165,10 +134,10 @@ RECONCILER = """
 import json, os, sys, time
 from pathlib import Path
 sys.path.insert(0, os.environ["TEST_HERE"])
-from test_reconcile_workers import QUEUED, new_session
+from reconcile_support import QUEUED, headless_session
 from dagster_slurm import WorkerIntent
 
-session = new_session(dict(os.environ), os.environ["RUN_ID"])
+session = headless_session(dict(os.environ), os.environ["RUN_ID"])
 start = Path(os.environ["START"])
 while not start.exists():
     time.sleep(0.05)
@@ -187,7 +156,7 @@ session.slurm.close()
 @pytest.mark.slow
 def test_eight_processes_reconciling_one_intent_never_submit_a_duplicate(env, tmp_path):
     run_id = str(uuid.uuid4())
-    session = new_session(env, run_id)
+    session = headless_session(env, run_id)
     start = tmp_path / "start"
     script = tmp_path / "reconciler.py"
     script.write_text(textwrap.dedent(RECONCILER))
@@ -235,7 +204,7 @@ def test_a_connection_cut_after_sbatch_is_recovered_and_not_submitted_twice(env,
     mark.touch()
     mark.chmod(0o666)
     Path(mark).parent.chmod(0o777)
-    session = new_session(env, python=python)
+    session = headless_session(env, python=python)
     intent = WorkerIntent(key="cut", count=1, config=QUEUED)
     try:
         with pytest.raises(DagsterSlurmError):
@@ -265,7 +234,7 @@ def _slurmctld(env: dict[str, str]) -> tuple[int, Path]:
 def test_a_stopped_slurmctld_submits_nothing_and_says_why_then_it_proceeds(env, slurm_cluster):
     from dagster_slurm.devcluster import DevCluster
 
-    session = new_session(env)
+    session = headless_session(env)
     intent = WorkerIntent(key="ctld", count=1, config=QUEUED)
     pid, _ = _slurmctld(env)
     os.kill(pid, signal.SIGTERM)
@@ -289,7 +258,7 @@ def test_a_stopped_slurmctld_submits_nothing_and_says_why_then_it_proceeds(env, 
 
 # -- pending_timeout -----------------------------------------------------------------------------
 def test_an_allocation_pending_past_its_timeout_is_cancelled_and_replaced_next_call(env):
-    session = new_session(env)
+    session = headless_session(env)
     intent = WorkerIntent(key="short", count=1, config=QUEUED, pending_timeout=3)
     try:
         (first,) = session.reconcile_workers(intent).submitted
@@ -311,12 +280,12 @@ def test_an_allocation_pending_past_its_timeout_is_cancelled_and_replaced_next_c
 FRESH = """
 import json, os, sys, time
 sys.path.insert(0, os.environ["TEST_HERE"])
-from test_reconcile_workers import GPU, new_session
+from reconcile_support import GPU, headless_session
 from dagster_slurm import WorkerIntent
 from dagster_slurm.session.scaling import plan as reconcile_plan
 
 reconcile_plan.DRAIN_GRACE = 3.0  # the cancel follows the deadline by 3 s here
-session = new_session(dict(os.environ), os.environ["RUN_ID"])
+session = headless_session(dict(os.environ), os.environ["RUN_ID"])
 calls = []
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
@@ -339,7 +308,7 @@ def test_a_deadline_persisted_by_a_dead_supervisor_is_enforced_by_a_fresh_proces
         exec /usr/bin/scancel "$@"
         """)
     run_id = str(uuid.uuid4())
-    supervisor = new_session(env, run_id, python=python)
+    supervisor = headless_session(env, run_id, python=python)
     intent = WorkerIntent(key="helpers", count=1, config=GPU, drain_timeout=0)
     try:
         (job_id,) = supervisor.reconcile_workers(intent).submitted

@@ -16,10 +16,11 @@ import re
 import subprocess
 import time
 
-import dagster as dg
 import pytest
 from compute_support import (
+    job_id_of,
     materialize_one,
+    metadata_of,
     python_on_a_node,
     run_logs,
     slurm_resource,
@@ -88,19 +89,6 @@ def spark_compute(env: dict[str, str], environment: dict[str, object], mode: str
                   launcher: SparkLauncher) -> ComputeResource:
     slurm = slurm_resource(env, mem="2500M", cpus=2, time_limit="00:05:00")
     return ComputeResource(mode=mode, slurm=slurm, default_launcher=launcher, **environment)
-
-
-def metadata_of(result: dg.ExecuteInProcessResult) -> dict[str, object]:
-    (event,) = result.get_asset_materialization_events()
-    return {key: value.value for key, value in event.materialization.metadata.items()}
-
-
-def job_id_of(result: dg.ExecuteInProcessResult) -> str:
-    for message in run_logs(result):
-        found = re.search(r"Submitted Slurm job (\d+)", message or "")
-        if found:
-            return found.group(1)
-    raise AssertionError("no job id in the run's logs")
 
 
 def spark_processes(pattern: str) -> list[str]:

@@ -21,8 +21,8 @@ import uuid
 
 import dagster as dg
 import pytest
-from compute_support import slurm_resource, wait_until
-from session_support import RAY_PACKAGES, active_jobs
+from compute_support import RAY_PACKAGES, slurm_resource, wait_until
+from session_support import active_jobs
 
 from dagster_slurm import (
     ComputeResource,
