@@ -118,8 +118,9 @@ def gpu_worker(session):
 
 def test_a_worker_allocation_joins_and_offers_its_resources(session, gpu_worker):
     worker, ids = gpu_worker
-    assert len(ids) == 1 and session._allocation is not None  # the wait started the head
-    head_job = session._allocation.job_id
+    head = session.current_allocation()
+    assert len(ids) == 1 and head is not None  # the wait started the head
+    head_job = head.job_id
     ((host, (node_id, joined_head)),) = ray_nodes(session, worker.job_id).items()
     assert host.startswith("g") and node_id == ids[0] and joined_head == head_job
     assert read_text(session.paths.worker_state(worker.job_id)).strip() == "joined"
@@ -200,7 +201,9 @@ def test_a_worker_without_a_head_releases_itself_after_rejoin_timeout(env, sessi
         time_limit="00:10:00", rejoin_timeout=10))
     assert worker.config.partition == "cpu" and not worker.config.ray_resources
     session.wait_for_worker_allocation(worker, timeout=120)
-    head_job = session._allocation.job_id
+    head = session.current_allocation()
+    assert head is not None
+    head_job = head.job_id
     subprocess.run(["scancel", head_job], check=True, env=_slurm_env(env))
     wait_until(lambda: read_text(session.paths.worker_state(worker.job_id)).strip()
                == "released no_head", 90, "the worker allocation to release itself")

@@ -126,7 +126,9 @@ def test_a_head_whose_ray_stopped_is_replaced_by_the_worker_allocation(env, sess
         time_limit="00:08:00"))
     session.wait_for_worker_allocation(worker, timeout=240)
     session.wait_for_worker_allocation(spare, timeout=240)
-    head = session._allocation.job_id
+    current = session.current_allocation()
+    assert current is not None
+    head = current.job_id
     assert head != worker.job_id
 
     driver, outcome = _start_driver(session)
