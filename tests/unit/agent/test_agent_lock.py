@@ -140,9 +140,9 @@ def test_breaker_with_an_old_observation_spares_a_newer_lock(paths: Paths) -> No
     write_owner(paths[1], pid=_dead_pid())
     stale = lockmod.inspect(lock, time.time(), me)
     assert stale is not None and stale.stale_reason
-    assert lockmod._break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
+    assert lockmod.break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
     fresh = lockmod.acquire(lock, timeout=1)  # a live holder takes the lock again
-    assert not lockmod._break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
+    assert not lockmod.break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
     assert Path(lock).exists() and lockmod.release(fresh) == []
 
 
@@ -161,13 +161,13 @@ def test_a_busy_guard_stops_breaking_and_an_abandoned_one_is_cleared(paths: Path
     assert stale is not None
     guard = Path(lock + ".breaking")
     guard.mkdir()
-    assert not lockmod._break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
+    assert not lockmod.break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
     assert guard.exists() and Path(lock).exists()
     old = time.time() - lockmod.BREAK_GUARD_STALE - 1
     os.utime(guard, (old, old))
-    assert not lockmod._break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
+    assert not lockmod.break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
     assert not guard.exists()
-    assert lockmod._break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
+    assert lockmod.break_stale(lock, stale, me, lockmod.OWNERLESS_GRACE, time.time)
 
 
 def test_release_leaves_a_lock_taken_over_by_someone_else(paths: Paths) -> None:

@@ -178,7 +178,7 @@ def acquire(
         view = inspect(path, clock(), me, ownerless_grace)
         freed = view is None
         if view is not None and view.stale_reason:
-            freed = _break_stale(path, view, me, ownerless_grace, clock)
+            freed = break_stale(path, view, me, ownerless_grace, clock)
             if freed and warnings is not None:
                 warnings.append(
                     f"broke stale lock {path} of {describe_owner(view.owner, clock())}: "
@@ -308,7 +308,14 @@ def _dead_process_reason(pid: int, start_time: Any) -> str | None:
     return None
 
 
-def _break_stale(path: str, view: LockView, me: dict, grace: float, clock: Callable) -> bool:
+def break_stale(path: str, view: LockView, me: dict, grace: float, clock: Callable) -> bool:
+    """Break the lock at ``path`` that ``view`` (from :func:`inspect`) saw stale; True when
+    this call removed it. Exclusive and re-checked (see the module docstring): under the
+    ``<path>.breaking`` guard the lock is read again and broken only if it is still the
+    directory and owner ``view`` saw, and still stale (``me``, ``grace``: as for
+    :func:`inspect`). A guard that exists already belongs to another breaker (False); one
+    older than :data:`BREAK_GUARD_STALE` was abandoned and is removed (False too: the next
+    call may break)."""
     guard = path + ".breaking"
     try:
         os.mkdir(guard)
