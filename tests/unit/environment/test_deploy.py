@@ -234,29 +234,35 @@ def test_a_dead_builders_lease_expires_and_is_taken_over(base, config, project):
 
 
 def test_a_build_that_loses_the_publish_race_uses_the_winner(base, config, project):
-    winner = prepare(new_agent(base), base, config, project)
     recipe = pack_environment(config, local_platform(), local_platform(), project, PACKERS, _log())
     layout = RemoteLayout(base, recipe.env_hash)
+    winners = []
 
-    class Blind(RemoteBuild):
-        def _start(self):  # pretend the environment was not ready when this build began
-            return super()._start() or set()
+    class PublishedMeanwhile:
+        """The late build's log: once it has uploaded its files (the environment was not
+        ready when it began), another build prepares and publishes the environment."""
 
-    agent = new_agent(base)
-    build = Blind(
-        agent,
+        def info(self, message, *args):
+            if message.startswith("uploaded") and not winners:
+                winners.append(prepare(new_agent(base), base, config, project))
+
+        warning = info
+
+    build = RemoteBuild(
+        new_agent(base),
         layout,
         recipe,
         python=sys.executable,
         owner="late",
         token="late",
         install_timeout=60,
-        log=_log(),
+        log=PublishedMeanwhile(),  # type: ignore[arg-type]
     )
     outcome = build.run(upload_budget=60)
+    assert len(winners) == 1 and not winners[0].reused  # the winner built it meanwhile
     assert outcome is not None and not outcome.published and outcome.uploaded_bytes > 0
     assert not os.path.exists(layout.build_dir("late"))
-    assert source(winner.activation_script)
+    assert source(winners[0].activation_script)
 
 
 def _log():
