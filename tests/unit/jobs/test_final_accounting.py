@@ -322,7 +322,7 @@ def test_a_failing_sacct_is_not_final_and_its_message_is_kept(tmp_path, scripted
 def test_step_metrics_wait_for_the_step_line_and_never_report_running(
     tmp_path, scripted_sacct, caplog
 ) -> None:
-    from dagster_slurm.session.frontend.runner import STEP_ID_FILE, _step_metrics
+    from dagster_slurm.session.frontend.runner import STEP_ID_FILE, step_metrics
 
     transport = LocalTransport(default_timeout=60)
     scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))
@@ -338,7 +338,7 @@ def test_step_metrics_wait_for_the_step_line_and_never_report_running(
 
     scripted_sacct(None, step_running, step_done)
     clock = Clock()
-    meta = _step_metrics(allocation, paths, 0, clock=clock, sleep=clock.sleep).as_metadata()
+    meta = step_metrics(allocation, paths, 0, clock=clock, sleep=clock.sleep).as_metadata()
     assert (meta["dagster_slurm/state"], meta["dagster_slurm/state_source"]) == ("COMPLETED", "sacct")
     assert meta["dagster_slurm/job_id"] == "7.0" and meta["dagster_slurm/elapsed_seconds"] == 3.0
 
@@ -346,7 +346,7 @@ def test_step_metrics_wait_for_the_step_line_and_never_report_running(
     scripted_sacct(*([step_running] * 20))
     clock = Clock()
     with caplog.at_level(logging.WARNING, logger="dagster_slurm.session"):
-        meta = _step_metrics(allocation, paths, 0, deadline=4.0, clock=clock,
+        meta = step_metrics(allocation, paths, 0, deadline=4.0, clock=clock,
                              sleep=clock.sleep).as_metadata()
     assert (meta["dagster_slurm/state"], meta["dagster_slurm/state_source"]) == \
         ("COMPLETED", "status_file")

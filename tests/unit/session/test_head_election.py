@@ -18,7 +18,7 @@ from session_fakes import FakeCluster
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.head.acquire import submit_head
-from dagster_slurm.session.head.election import HeadElectionTimeout, _ClaimKeeper
+from dagster_slurm.session.head.election import ClaimKeeper, HeadElectionTimeout
 from dagster_slurm.session.supervision.head_watch import HeadWatch, WatchAction, decide
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
@@ -124,7 +124,7 @@ def test_the_claim_keeper_renews_and_notices_a_takeover() -> None:
     read = cluster.read()
     claim = et.claim_election(read.doc, owner="me", candidate=None, now=read.now)
     assert isinstance(claim, et.Change) and cluster.apply(claim).ok
-    keeper = _ClaimKeeper(session, "me", 1)
+    keeper = ClaimKeeper(session, "me", 1)
     before = cluster.doc()["election"]["expires_at"]
     cluster.clock.sleep(50)
     assert keeper.renew_once() and cluster.doc()["election"]["expires_at"] > before

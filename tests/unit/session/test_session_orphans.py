@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dagster_slurm.session.orphans.search import _judge
+from dagster_slurm.session.orphans.search import judge_session
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state.schema import SessionDocument
 
@@ -46,14 +46,14 @@ def _doc(heartbeat_at: float) -> SessionDocument:
 
 
 def test_stale_heartbeat_and_no_events_make_an_orphan() -> None:
-    judged = _judge(FakeInstance(), _doc(NOW - 700), NOW, 600)
+    judged = judge_session(FakeInstance(), _doc(NOW - 700), NOW, 600)
     assert judged is not None
     reason, run = judged
     assert "no supervisor heartbeat since 700 s ago" in reason and run is not None
 
 
 def test_fresh_heartbeat_is_not_an_orphan() -> None:
-    assert _judge(FakeInstance(), _doc(NOW - 10), NOW, 600) is None
+    assert judge_session(FakeInstance(), _doc(NOW - 10), NOW, 600) is None
 
 
 def _relayed(heartbeat_at: float) -> SessionDocument:
@@ -73,17 +73,17 @@ def _relayed(heartbeat_at: float) -> SessionDocument:
 
 
 def test_a_run_whose_first_allocation_ended_but_whose_successor_runs_is_not_an_orphan() -> None:
-    assert _judge(FakeInstance(), _relayed(NOW - 10), NOW, 600) is None
+    assert judge_session(FakeInstance(), _relayed(NOW - 10), NOW, 600) is None
 
 
 def test_a_relayed_run_with_a_stale_supervisor_is_still_an_orphan() -> None:
-    judged = _judge(FakeInstance(), _relayed(NOW - 2500), NOW, 600)
+    judged = judge_session(FakeInstance(), _relayed(NOW - 2500), NOW, 600)
     assert judged is not None and "no supervisor heartbeat" in judged[0]
 
 
 def test_recent_run_events_are_not_an_orphan() -> None:
     instance = FakeInstance(last_event_at=time.time() - 5)
-    assert _judge(instance, _doc(NOW - 700), NOW, 600) is None
+    assert judge_session(instance, _doc(NOW - 700), NOW, 600) is None
 
 
 @pytest.mark.parametrize(
@@ -97,14 +97,14 @@ def test_unreadable_instance_keeps_the_session_and_logs_why(
     instance: FakeInstance, words: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="dagster_slurm.session"):
-        assert _judge(instance, _doc(NOW - 700), NOW, 600) is None
+        assert judge_session(instance, _doc(NOW - 700), NOW, 600) is None
     (record,) = caplog.records
     assert "dsr-r-1-abcd" in record.getMessage() and "kept" in record.getMessage()
     assert words in record.getMessage()
 
 
 def test_finished_run_with_unreadable_events_is_still_judged_by_its_status() -> None:
-    judged = _judge(FakeInstance("SUCCESS", events_fail=True), _doc(NOW - 700), NOW, 600)
+    judged = judge_session(FakeInstance("SUCCESS", events_fail=True), _doc(NOW - 700), NOW, 600)
     assert judged is not None and judged[1] is None and "SUCCESS" in judged[0]
 
 

@@ -208,7 +208,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         )
         # A failed step's figures are not reported: no second read of accounting for it.
         reported = result.drained or result.exit_code == 0
-        metrics = _step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
+        metrics = step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
                                 deadline=ACCOUNTING_DEADLINE if reported else 0.0)
         invocation = PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
         succeeded = not result.drained and result.exit_code == 0
@@ -297,7 +297,7 @@ def _cancel_and_consume(job: SessionStep, handle: StepHandle) -> None:
                   handle.name, allocation.job_id, exc)
 
 
-def _step_metrics(
+def step_metrics(
     allocation: Any,
     paths: Any,
     exit_code: int | None,

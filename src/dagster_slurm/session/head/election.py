@@ -203,7 +203,7 @@ def _keep(session: SessionContext, job_id: str, out: ProgressLog) -> SlurmAlloca
     return allocation
 
 
-class _ClaimKeeper(threading.Thread):
+class ClaimKeeper(threading.Thread):
     """Renews the elector's claim every half lease until stopped (a daemon thread of the
     call that elects; it ends with it)."""
 
@@ -245,7 +245,7 @@ class _ClaimKeeper(threading.Thread):
 def _elect(session: SessionContext, doc: SessionDocument | None, choice: HeadChoice, owner: str,
            deadline: float | None, out: ProgressLog) -> SlurmAllocation:
     """Act on ``choice`` under the claim of ``owner``; complete or fail the claim."""
-    keeper = _ClaimKeeper(session, owner, choice.term, et.CLAIM_TTL)
+    keeper = ClaimKeeper(session, owner, choice.term, et.CLAIM_TTL)
     keeper.start()
     try:
         if choice.kind is HeadChoiceKind.WORKER:

@@ -97,8 +97,8 @@ def _last_sign_of_life(doc: SessionDocument) -> float | None:
     return max(known) if known else None
 
 
-def _judge(instance: Any, doc: SessionDocument, now: float, heartbeat_timeout: float,
-           clock: Callable[[], float] = time.time) -> tuple[str, Any] | None:
+def judge_session(instance: Any, doc: SessionDocument, now: float, heartbeat_timeout: float,
+                  clock: Callable[[], float] = time.time) -> tuple[str, Any] | None:
     """``(reason, run or None)`` when the open session ``doc`` is a candidate orphan; None
     when it is not, or when the instance cannot tell (logged: the session is kept).
     ``now`` is the login node's clock at the read; ``clock`` is the instance's (this
@@ -254,7 +254,7 @@ def _sort_sessions(
             if prune_closed_after is not None and record.now - doc.closed_at > prune_closed_after:
                 prunable.append(record.path.rsplit("/", 1)[0])
             continue
-        judged = _judge(instance, doc, record.now, heartbeat_timeout, clock)
+        judged = judge_session(instance, doc, record.now, heartbeat_timeout, clock)
         if judged is not None:
             candidates.append((record, *judged))
     return candidates, prunable
