@@ -39,9 +39,9 @@ QUEUED = SlurmWorkerAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task
 def _session(slurm: SlurmResource) -> RunSession:
     config = SlurmRunAllocationConfig(partition="cpu", num_nodes=1, cpus_per_task=1,
                                       mem="100M", time_limit="00:10:00")
+    # no head in this benchmark: no heartbeat or head-check thread
     session = RunSession(slurm, str(uuid.uuid4()), config, RayLauncher(include_dashboard=False),
-                         activation=lambda: None)
-    session._start_heartbeat = lambda: None  # no head in this benchmark: no head check
+                         activation=lambda: None, background=False)
     return session
 
 

@@ -235,7 +235,7 @@ def _failover(session: RunSession, remote: _Remote, worker: WorkerAllocation,
               figures: dict[str, Any]) -> None:
     """Cancel the head, elect a new one, wait for the worker to follow it; sets ``head``,
     ``rejoined``, ``path``, ``jobs``."""
-    old = session._allocation
+    old = session.current_allocation()
     assert old is not None
     start = time.time()
     remote.run(f"scancel {old.job_id}")
