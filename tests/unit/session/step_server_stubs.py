@@ -27,8 +27,9 @@ from dagster_slurm.session.core.paths import SessionPaths
 BASH = "/bin/bash"
 #: The allocation's job id (``SLURM_JOB_ID``).
 JOB_ID = "42"
-#: Seconds :func:`wait_for` waits by default.
-DEADLINE = 10.0
+#: Seconds :func:`wait_for` waits by default: generous, as the unit tests run at a lower CPU
+#: priority beside the integration tests (a passing wait returns at once).
+DEADLINE = 30.0
 
 # srun: ignore the options, record argv and pid, number the step (SLURM_STEP_ID, its pid in
 # steps/<id>), run what follows the word 'bash'.
