@@ -63,6 +63,12 @@ class TransportError(DagsterSlurmError):
     """The connection to the cluster failed (connect, authentication, dropped link, timeout)."""
 
 
+class AuthenticationFailed(TransportError):
+    """The login node refused the login, or the credentials cannot be used (a missing,
+    unreadable or passphrase-protected key file, nothing to log in with). Not retried:
+    repeated failed logins can get an account banned."""
+
+
 class HostKeyError(TransportError):
     """The server's host key is unknown or does not match the known_hosts entry."""
 
