@@ -69,6 +69,12 @@ class AuthenticationFailed(TransportError):
     repeated failed logins can get an account banned."""
 
 
+class RemoteProgramEnded(TransportError):
+    """The long-lived command of a stream had ended when a request was written to it, while
+    the connection itself is up. The request did not reach it (a program that has ended
+    reads nothing), so sending it to a new process is safe."""
+
+
 class HostKeyError(TransportError):
     """The server's host key is unknown or does not match the known_hosts entry."""
 

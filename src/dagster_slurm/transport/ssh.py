@@ -30,6 +30,7 @@ from dagster_slurm.errors import (
     AuthenticationFailed,
     CommandTimeout,
     HostKeyError,
+    RemoteProgramEnded,
     TransportError,
 )
 from dagster_slurm.transport import ssh_login
@@ -227,6 +228,12 @@ class SSHTransport:
         self._to_close = []
         self._client = None
 
+    def connected(self) -> bool:
+        """Whether the SSH connection is up now (False before the first login)."""
+        with self._lock:
+            transport = self._client.get_transport() if self._client is not None else None
+            return transport is not None and transport.is_active()
+
     def close(self) -> None:
         """Close the connection; a later :meth:`run` reconnects."""
         with self._lock:
@@ -386,6 +393,12 @@ class SSHStream:
         try:
             self._channel.sendall(memoryview(data))
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if self._channel.closed and self._owner.connected():
+                # paramiko says "Socket is closed" for a channel whose command has ended
+                raise RemoteProgramEnded(
+                    f"{self._argv0!r} on {self._owner.target.label} had ended when a request "
+                    "was written to it (the SSH connection is up); the request reached nobody"
+                ) from None
             raise TransportError(
                 f"stream to {self._owner.target.label} failed: {exc}; the request may or may "
                 "not have been received"
