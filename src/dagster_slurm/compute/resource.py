@@ -31,6 +31,7 @@ from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.jobs.paths import InvocationPaths, step_identity
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
+from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
@@ -377,7 +378,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             layout=layout,
         )
         if start:
-            session.ensure(getattr(context, "log", None))
+            step_log = getattr(context, "log", None)
+            with step_log_relay(step_log):
+                session.ensure(step_log)
         return session
 
     def cleanup_deferred_run_dir(self, context: Any) -> None:

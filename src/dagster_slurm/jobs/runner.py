@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 from dagster import PipesClientCompletedInvocation, open_pipes_session
 
 from dagster_slurm.jobs.errors import SlurmJobUnschedulable
+from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.quiet import pipes_warning_scope
@@ -88,7 +89,13 @@ class PipesJobRunner(ABC, Generic[JobT, HandleT, ResultT]):
 
     def run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
         """Run ``request`` for ``context``'s step through Dagster Pipes and return the
-        completed invocation; raises the runner's typed error when the payload failed."""
+        completed invocation; raises the runner's typed error when the payload failed.
+        Connection warnings meanwhile also go to the step's log
+        (:func:`~dagster_slurm.jobs.run_log.step_log_relay`)."""
+        with step_log_relay(getattr(context, "log", None)):
+            return self._run(context, request)
+
+    def _run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
         job = self._prepare(context, request)
         opens_pipes = request.launcher.payload_opens_pipes(request.payload_path)
         with (
