@@ -31,21 +31,48 @@ class DagsterSlurmError(Exception):
     """Base class of every error raised by dagster-slurm."""
 
 
+MESSAGE_VALUE_LIMIT = 200
+"""Longest ``repr`` of a value a :class:`ConfigurationError` message shows in full."""
+
+
+def shown_value(value: object) -> str:
+    """``repr(value)`` for a message; cut to its start, with the size, when it is longer
+    than :data:`MESSAGE_VALUE_LIMIT` (a 200 KB string must not make a 200 KB message)."""
+    text = repr(value)
+    if len(text) <= MESSAGE_VALUE_LIMIT:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as text"
+    return f"{text[:80]}... ({size})"
+
+
 class ConfigurationError(DagsterSlurmError, ValueError):
     """A configuration value is invalid; raised before anything is submitted.
 
-    ``field`` names the offending field and ``value`` holds what was given.
+    ``field`` names the offending field and ``value`` holds what was given (the message
+    shows it through :func:`shown_value`).
     """
 
     def __init__(self, field: str, value: object, problem: str) -> None:
         self.field = field
         self.value = value
         self.problem = problem
-        super().__init__(f"{field}={value!r}: {problem}")
+        super().__init__(f"{field}={shown_value(value)}: {problem}")
 
 
 class TransportError(DagsterSlurmError):
     """The connection to the cluster failed (connect, authentication, dropped link, timeout)."""
+
+
+class AuthenticationFailed(TransportError):
+    """The login node refused the login, or the credentials cannot be used (a missing,
+    unreadable or passphrase-protected key file, nothing to log in with). Not retried:
+    repeated failed logins can get an account banned."""
+
+
+class RemoteProgramEnded(TransportError):
+    """The long-lived command of a stream had ended when a request was written to it, while
+    the connection itself is up. The request did not reach it (a program that has ended
+    reads nothing), so sending it to a new process is safe."""
 
 
 class HostKeyError(TransportError):

@@ -13,6 +13,7 @@ from typing import Any
 from dagster_slurm.config_errors import unknown_name_problem
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.commands import SbatchSpec
+from dagster_slurm.slurm.exec_limits import check_argument
 
 #: Keys users write -> SbatchSpec field. Several spellings of the reference library are accepted.
 OPTION_FIELDS: Mapping[str, str] = {
@@ -62,6 +63,9 @@ def sbatch_overrides(extra_slurm_opts: Mapping[str, Any] | None) -> dict[str, An
             )
         if target == "extra_directives":
             value = tuple(value)
+        for entry in value if target == "extra_directives" else (value,):
+            if isinstance(entry, str):  # each reaches sbatch as (part of) one argument
+                check_argument(f"extra_slurm_opts[{key!r}]", entry)
         if target == "gpus_per_node" and value == 0:
             value = None
         overrides[target] = value

@@ -31,6 +31,7 @@ from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.jobs.paths import InvocationPaths, step_identity
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
+from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
 from dagster_slurm.launchers.base import ComputeLauncher, validate_env
 from dagster_slurm.launchers.bash import BashLauncher
@@ -38,6 +39,7 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig, check_heartbeat_timeout
 from dagster_slurm.session.head.layout import RunLayout
 from dagster_slurm.session.session import RunSession
+from dagster_slurm.slurm.exec_limits import check_command
 
 
 class SlurmAllocationScope(str, Enum):
@@ -231,8 +233,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
 
         ``payload_path``: a local ``.py``/``.sh`` file (uploaded to the job directory) or a
         command such as ``python -m pkg.module``. ``launcher``: overrides
-        ``default_launcher``. ``extra_env``: variables exported for the payload.
-        ``extras``: reach the payload as ``context.extras``. ``extra_slurm_opts``: per-step
+        ``default_launcher``. ``extra_env``: variables exported for the payload (one
+        ``NAME=value`` at most 128 KiB, all at most 1 MiB together; see
+        :mod:`dagster_slurm.slurm.exec_limits`). ``extras``: reach the payload as ``context.extras``. ``extra_slurm_opts``: per-step
         scheduler overrides (``nodes``, ``cpus_per_task``, ``mem``, ``gpus_per_node``,
         ``time_limit``, ``partition``, ...; checked in both modes, used in slurm mode).
         ``defer_cleanup``: keep the invocation's files until
@@ -248,6 +251,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         overrides = sbatch_overrides(extra_slurm_opts)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        check_command("payload_path", payload_path)
         session = self._check_scope(context, launcher, overrides, extra_slurm_opts)
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
         # -- dispatch ------------------------------------------------------------------------
@@ -281,6 +285,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         checked = check_components(components)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        check_command("payload_path", payload_path)
         if self.allocation_scope is SlurmAllocationScope.RUN:
             raise ConfigurationError(
                 "allocation_scope", self.allocation_scope.value,
@@ -373,7 +378,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             layout=layout,
         )
         if start:
-            session.ensure(getattr(context, "log", None))
+            step_log = getattr(context, "log", None)
+            with step_log_relay(step_log):
+                session.ensure(step_log)
         return session
 
     def cleanup_deferred_run_dir(self, context: Any) -> None:

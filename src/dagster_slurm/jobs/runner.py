@@ -16,7 +16,9 @@ steps in order::
 
 A payload its launcher knows does not open Pipes (a shell script, see
 :meth:`~dagster_slurm.launchers.base.ComputeLauncher.payload_opens_pipes`) runs the same way,
-without Dagster's warning that no Pipes message arrived (:mod:`dagster_slurm.pipes.quiet`).
+without Dagster's warning that no Pipes message arrived (:mod:`dagster_slurm.pipes.quiet`);
+so does a payload that never started (``_start`` failed, or ``_wait`` raised an error
+:meth:`~PipesJobRunner._never_started` recognises, such as an unschedulable job).
 
 A runner overrides only what differs. :meth:`~PipesJobRunner._terminate` is the one place
 that reacts to an interrupt or a failure while waiting; it is not called when ``_wait``
@@ -33,6 +35,8 @@ from typing import Any, Generic, TypeVar
 
 from dagster import PipesClientCompletedInvocation, open_pipes_session
 
+from dagster_slurm.jobs.errors import SlurmJobUnschedulable
+from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
 from dagster_slurm.pipes.quiet import pipes_warning_scope
@@ -85,20 +89,42 @@ class PipesJobRunner(ABC, Generic[JobT, HandleT, ResultT]):
 
     def run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
         """Run ``request`` for ``context``'s step through Dagster Pipes and return the
-        completed invocation; raises the runner's typed error when the payload failed."""
+        completed invocation; raises the runner's typed error when the payload failed.
+        Connection warnings meanwhile also go to the step's log
+        (:func:`~dagster_slurm.jobs.run_log.step_log_relay`)."""
+        with step_log_relay(getattr(context, "log", None)):
+            return self._run(context, request)
+
+    def _run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
         job = self._prepare(context, request)
         opens_pipes = request.launcher.payload_opens_pipes(request.payload_path)
         with (
-            pipes_warning_scope(context.log, payload=request.payload_path, opens_pipes=opens_pipes),
+            pipes_warning_scope(context.log, payload=request.payload_path,
+                                opens_pipes=opens_pipes) as no_messages,
             open_pipes_session(context, job.injector, job.reader, extras=dict(request.extras or {})) as pipes,
         ):
-            handle = self._start(job, pipes)
+            try:
+                handle = self._start(job, pipes)
+            except BaseException:
+                no_messages.never_started("the payload was not started")
+                raise
             try:
                 result = self._wait(job, handle)
             except BaseException as exc:
+                reason = self._never_started(exc)
+                if reason is not None:
+                    no_messages.never_started(reason)
                 self._terminate(job, handle, exc)
                 raise
         return self._outcome(job, handle, result, pipes)
+
+    def _never_started(self, error: BaseException) -> str | None:
+        """Why the payload cannot have started, ``_wait`` having raised ``error``; None when
+        it may have. Then Dagster's warning that no Pipes message arrived (which points at
+        the payload's code) is not logged: the error says what happened."""
+        if isinstance(error, SlurmJobUnschedulable):
+            return f"job {error.outcome.job_id} could never start as submitted"
+        return None
 
     @abstractmethod
     def _prepare(self, context: Any, request: JobRequest) -> JobT:

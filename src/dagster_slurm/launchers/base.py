@@ -9,6 +9,7 @@ mode or as a subprocess in ``local`` mode.
 Everything that reaches a script is checked here first, so that bad input fails with a
 :class:`~dagster_slurm.errors.ConfigurationError` naming the field before anything is
 submitted: environment names must be shell identifiers, values must not contain NUL,
+variables and argv words must fit Linux's limits (:mod:`dagster_slurm.slurm.exec_limits`),
 paths must be absolute and free of control characters, and the drain signal must be one a
 shell can trap. What passes is quoted word by word when the script is rendered
 (:mod:`dagster_slurm.launchers.script`), so quotes, ``$``, backticks and newlines in values
@@ -33,6 +34,12 @@ from pydantic import ConfigDict
 
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.slurm.exec_limits import (
+    EXTRA_ENV_LIMIT,
+    check_arguments,
+    check_env_total,
+    check_env_variable,
+)
 from dagster_slurm.slurm.validation import has_control_characters
 
 ExecutionMode = Literal["local", "slurm"]
@@ -72,19 +79,30 @@ READONLY_SHELL_VARIABLES: frozenset[str] = frozenset(
 SCRIPT_SUFFIXES: Mapping[str, str] = MappingProxyType({".py": "python", ".sh": "bash"})
 """How an uploaded script is run, by file suffix (``python`` may be overridden)."""
 
+PLAN_ENV_LIMIT = EXTRA_ENV_LIMIT + 64 * 1024
+"""Bytes an :class:`ExecutionPlan`'s environment may take: the user's ``extra_env`` budget
+(:data:`~dagster_slurm.slurm.exec_limits.EXTRA_ENV_LIMIT`, checked first, by
+``ComputeResource.run``) and room for the library's own variables (Pipes bootstrap,
+``RAY_ADDRESS``)."""
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def validate_env(env: Mapping[str, str], *, field: str = "extra_env") -> dict[str, str]:
+def validate_env(env: Mapping[str, str], *, field: str = "extra_env",
+                 total_limit: int = EXTRA_ENV_LIMIT) -> dict[str, str]:
     """Check environment variables destined for a job script and return them as a dict.
 
     Names must be ASCII shell identifiers, not bash's read-only variables and not start with
     :data:`RESERVED_ENV_PREFIX`; values must be strings without NUL (newlines and quotes
-    are fine). The error names the offending key, e.g. ``extra_env['MY VAR']``.
+    are fine) with a UTF-8 form. Sizes as Linux counts them
+    (:mod:`dagster_slurm.slurm.exec_limits`): one ``NAME=value`` at most 128 KiB, all of
+    them together at most ``total_limit`` bytes (1 MiB unless given). The error names the
+    offending key, e.g. ``extra_env['MY VAR']``, or ``field`` for the total.
     """
     if not isinstance(env, Mapping):
         raise ConfigurationError(field, env, "must be a mapping of variable names to strings")
     checked: dict[str, str] = {}
+    sizes: list[int] = []
     for name, value in env.items():
         where = f"{field}[{name!r}]"
         if not isinstance(name, str) or _ENV_NAME.fullmatch(name) is None:
@@ -101,7 +119,9 @@ def validate_env(env: Mapping[str, str], *, field: str = "extra_env") -> dict[st
             raise ConfigurationError(where, value, f"must be a string, got {type(value).__name__}")
         if "\0" in value:
             raise ConfigurationError(where, value, "must not contain a NUL character")
+        sizes.append(check_env_variable(where, name, value))
         checked[name] = value
+    check_env_total(field, checked, sizes, total_limit)
     return checked
 
 
@@ -191,6 +211,7 @@ class ExecutionPlan:
                 )
         if not payload[0]:
             raise ConfigurationError("payload", payload, "the program name must not be empty")
+        check_arguments("payload", payload, shown=payload)
         for name in ("job_dir", "status_file", "drain_file"):
             validate_absolute_path(name, getattr(self, name))
         for name in ("activation", "pid_file", "heartbeat_file"):
@@ -207,7 +228,8 @@ class ExecutionPlan:
         self._check_heartbeat()
         # Freeze the argv and the environment so that a rendered plan cannot change later.
         object.__setattr__(self, "payload", tuple(payload))
-        object.__setattr__(self, "env", MappingProxyType(validate_env(self.env, field="env")))
+        env = validate_env(self.env, field="env", total_limit=PLAN_ENV_LIMIT)
+        object.__setattr__(self, "env", MappingProxyType(env))
 
     def _check_heartbeat(self) -> None:
         if (self.heartbeat_file is None) != (self.heartbeat_timeout is None):

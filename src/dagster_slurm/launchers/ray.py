@@ -46,6 +46,7 @@ from dagster_slurm.launchers.ray_script import (
 )
 from dagster_slurm.launchers.script import optional_word, render_prologue, render_template
 from dagster_slurm.slurm.directives import validate_option_entries
+from dagster_slurm.slurm.exec_limits import check_argument
 
 #: The public names: the launcher, and the constants of its script contract and of its
 #: refused ``ray start`` options that other packages use (defined in ``ray_script`` and
@@ -272,7 +273,10 @@ class RayLauncher(PublishedNames, ComputeLauncher):
     @field_validator("ray_start_args")
     @classmethod
     def _check_start_args(cls, value: list[str]) -> list[str]:
-        return list(validate_option_entries(value, field="ray_start_args", rules=RAY_START_RULES))
+        checked = validate_option_entries(value, field="ray_start_args", rules=RAY_START_RULES)
+        for index, entry in enumerate(checked):  # each is one argument of `ray start`
+            check_argument(f"ray_start_args[{index}]", entry)
+        return list(checked)
 
     @field_validator("pre_start_commands")
     @classmethod

@@ -51,6 +51,7 @@ that runs it in a thread.
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
 import time
@@ -195,8 +196,11 @@ class PipesTailMessageReader(PipesMessageReader):
             raise RuntimeError("this reader is already reading (one Pipes session at a time)")
         self._poller.reset()
         self._active = True
+        # in a copy of the caller's context: what the step set there (the step log its
+        # warnings are relayed to, see dagster_slurm.jobs.run_log) holds in the thread too
         thread = threading.Thread(
-            target=self._poller.run, args=(handler,), name="pipes-tail-reader", daemon=True
+            target=contextvars.copy_context().run, args=(self._poller.run, handler),
+            name="pipes-tail-reader", daemon=True,
         )
         thread.start()
         try:

@@ -76,7 +76,10 @@ class Stream(Protocol):
     """
 
     def send(self, data: bytes) -> None:
-        """Write ``data`` to the command's standard input."""
+        """Write ``data`` to the command's standard input. Raises
+        :class:`~dagster_slurm.errors.RemoteProgramEnded` when the command had ended (the
+        data reached nobody) and :class:`~dagster_slurm.errors.TransportError` when the
+        link fails."""
         ...
 
     def readline(self, timeout: float) -> bytes:

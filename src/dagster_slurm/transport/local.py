@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from dagster_slurm.errors import CommandTimeout, TransportError
+from dagster_slurm.errors import CommandTimeout, RemoteProgramEnded, TransportError
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
 
 
@@ -82,6 +82,11 @@ class LocalStream:
             self._proc.stdin.write(data)
             self._proc.stdin.flush()
         except OSError as exc:
+            if self._proc.poll() is not None:
+                raise RemoteProgramEnded(
+                    f"{self._argv0!r} had ended when a request was written to it; the request "
+                    "reached nobody"
+                ) from exc
             raise TransportError(f"stream {self._argv0!r} closed: {exc}") from exc
         self._pending = len(data)
 

@@ -22,52 +22,34 @@ import select
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 import paramiko
 
 from dagster_slurm.backoff import PollBackoff
-from dagster_slurm.errors import CommandTimeout, HostKeyError, TransportError
+from dagster_slurm.errors import (
+    AuthenticationFailed,
+    CommandTimeout,
+    HostKeyError,
+    RemoteProgramEnded,
+    TransportError,
+)
+from dagster_slurm.transport import ssh_login
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
+from dagster_slurm.transport.ssh_target import HostKeyChecking, SSHOptions, SSHTarget
+
+__all__ = [
+    "HostKeyChecking",
+    "SSHOptions",
+    "SSHStream",
+    "SSHTarget",
+    "SSHTransport",
+    "close_shared_transports",
+    "shared_transport",
+]
 
 log = logging.getLogger("dagster_slurm.ssh")
 
-HostKeyChecking = Literal["strict", "accept-new", "off"]
 _CHUNK = 65536
-
-
-@dataclass(frozen=True)
-class SSHTarget:
-    """Where and how to log in. ``password``/``key_path`` None means "not used"."""
-
-    host: str
-    port: int
-    user: str
-    key_path: str | None = None
-    password: str | None = field(default=None, repr=False)
-    known_hosts_path: str | None = None
-    host_key_checking: HostKeyChecking = "strict"
-    allow_agent: bool = True
-    jump: SSHTarget | None = None
-
-    @property
-    def label(self) -> str:
-        """``user@host:port`` (through ``jump`` when set), for messages; no secrets."""
-        via = f" via {self.jump.label}" if self.jump else ""
-        return f"{self.user}@{self.host}:{self.port}{via}"
-
-
-@dataclass(frozen=True)
-class SSHOptions:
-    """Timeouts and limits of a transport (seconds unless stated)."""
-
-    connect_timeout: float = 15.0
-    command_timeout: float = 300.0
-    keepalive_interval: int = 30
-    max_channels: int = 8
-    reconnect_attempts: int = 3
-    reconnect_backoff: float = 1.0
 
 
 def _known_hosts_file(target: SSHTarget) -> str:
@@ -98,24 +80,58 @@ def _make_client(target: SSHTarget) -> paramiko.SSHClient:
 
 
 def _connect(target: SSHTarget, options: SSHOptions) -> tuple[paramiko.SSHClient, list]:
-    """Log in to ``target`` (through its jump host); returns the client and what to close."""
-    sock = None
-    to_close: list = []
-    if target.jump is not None:
-        jump_client, jump_close = _connect(target.jump, options)
-        to_close.extend(jump_close)
-        jump_transport = jump_client.get_transport()
-        assert jump_transport is not None
-        sock = jump_transport.open_channel(
-            "direct-tcpip", (target.host, target.port), ("127.0.0.1", 0)
-        )
+    """Log in to ``target`` (through its jump host); returns the client and what to close.
+
+    Every failure is a :class:`TransportError` saying what was tried, what answered and
+    what to check (:mod:`dagster_slurm.transport.ssh_login`); nothing opened stays open."""
+    key = ssh_login.load_key(target)
     client = _make_client(target)
+    to_close: list = []
+    try:
+        sock, address = _open_socket(target, options, to_close)
+        to_close.append(client)
+        _login(client, target, options, key, sock, address)
+    except BaseException:
+        client.close()
+        _close_all(to_close)
+        raise
+    transport = client.get_transport()
+    assert transport is not None
+    transport.set_keepalive(options.keepalive_interval)
+    return client, to_close
+
+
+def _open_socket(target: SSHTarget, options: SSHOptions,
+                 to_close: list) -> tuple[object, str]:
+    """A TCP connection to ``target`` (through its jump host when set, whose clients are
+    added to ``to_close``) and the address it reached, for messages."""
+    if target.jump is None:
+        return ssh_login.open_tcp(target, options.connect_timeout)
+    try:
+        jump_client, jump_close = _connect(target.jump, options)
+    except TransportError as exc:
+        raise ssh_login.jump_failure(target, exc) from None
+    to_close.extend(jump_close)
+    jump_transport = jump_client.get_transport()
+    assert jump_transport is not None
+    try:
+        channel = jump_transport.open_channel(
+            "direct-tcpip", (target.host, target.port), ("127.0.0.1", 0),
+            timeout=options.connect_timeout,
+        )
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise ssh_login.forward_failure(target, exc) from None
+    return channel, f"{target.host}:{target.port} (through the jump host)"
+
+
+def _login(client: paramiko.SSHClient, target: SSHTarget, options: SSHOptions,
+           key: paramiko.PKey | None, sock: object, address: str) -> None:
     try:
         client.connect(
             target.host,
             port=target.port,
             username=target.user,
-            key_filename=os.path.expanduser(target.key_path) if target.key_path else None,
+            pkey=key,  # loaded here: paramiko's own loading reports a refused key as a format error
             password=target.password,
             look_for_keys=False,
             allow_agent=target.allow_agent and not target.password,
@@ -125,7 +141,6 @@ def _connect(target: SSHTarget, options: SSHOptions) -> tuple[paramiko.SSHClient
             sock=sock,
         )
     except paramiko.BadHostKeyException as exc:
-        client.close()
         raise HostKeyError(
             f"host key of {target.label} does not match the entry in "
             f"{_known_hosts_file(target)} (got {exc.key.get_name()} "
@@ -133,22 +148,22 @@ def _connect(target: SSHTarget, options: SSHOptions) -> tuple[paramiko.SSHClient
             f"changed legitimately, remove the old entry (ssh-keygen -R '[{target.host}]:"
             f"{target.port}')."
         ) from None
-    except paramiko.SSHException as exc:
-        client.close()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
         if "not found in known_hosts" in str(exc):
             raise HostKeyError(
                 f"{target.label} is not in {_known_hosts_file(target)}; refusing an unknown "
                 "host key. Add it to known_hosts, or set host_key_checking='accept-new'."
             ) from None
-        raise TransportError(f"SSH login to {target.label} failed: {exc}") from None
-    except (OSError, EOFError) as exc:
-        client.close()
-        raise TransportError(f"cannot reach {target.label}: {exc}") from None
-    transport = client.get_transport()
-    assert transport is not None
-    transport.set_keepalive(options.keepalive_interval)
-    to_close.append(client)
-    return client, to_close
+        raise ssh_login.login_failure(target, exc, client, options.connect_timeout,
+                                      address) from None
+
+
+def _close_all(items: list) -> None:
+    for item in reversed(items):
+        try:
+            item.close()
+        except Exception:  # noqa: BLE001 - closing a dead connection may fail in many ways
+            log.debug("ignoring error while closing an SSH connection", exc_info=True)
 
 
 class SSHTransport:
@@ -180,6 +195,7 @@ class SSHTransport:
                 log.warning("SSH connection to %s was lost; reconnecting", self.target.label)
                 self._close_locked()
             last: Exception | None = None
+            started = time.monotonic()
             backoff = PollBackoff(initial=max(self.options.reconnect_backoff, 1e-3), factor=2.0,
                                   maximum=self.options.reconnect_backoff * 2 ** 16)
             for attempt in range(1, self.options.reconnect_attempts + 1):
@@ -189,8 +205,8 @@ class SSHTransport:
                     transport = self._client.get_transport()
                     assert transport is not None
                     return transport
-                except HostKeyError:
-                    raise
+                except (HostKeyError, AuthenticationFailed):
+                    raise  # retrying cannot help (and failed logins can get an account banned)
                 except TransportError as exc:
                     last = exc
                     if attempt < self.options.reconnect_attempts:
@@ -201,19 +217,22 @@ class SSHTransport:
                             exc, attempt, self.options.reconnect_attempts, delay,
                         )
                         self._sleep(delay)
+            attempts = self.options.reconnect_attempts
             raise TransportError(
-                f"could not connect to {self.target.label} after "
-                f"{self.options.reconnect_attempts} attempts: {last}"
+                f"{last} ({attempts} attempt{'s' if attempts > 1 else ''} in "
+                f"{time.monotonic() - started:.0f} s)"
             )
 
     def _close_locked(self) -> None:
-        for item in reversed(self._to_close):
-            try:
-                item.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may fail in many ways
-                log.debug("ignoring error while closing an SSH connection", exc_info=True)
+        _close_all(self._to_close)
         self._to_close = []
         self._client = None
+
+    def connected(self) -> bool:
+        """Whether the SSH connection is up now (False before the first login)."""
+        with self._lock:
+            transport = self._client.get_transport() if self._client is not None else None
+            return transport is not None and transport.is_active()
 
     def close(self) -> None:
         """Close the connection; a later :meth:`run` reconnects."""
@@ -374,6 +393,12 @@ class SSHStream:
         try:
             self._channel.sendall(memoryview(data))
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if self._channel.closed and self._owner.connected():
+                # paramiko says "Socket is closed" for a channel whose command has ended
+                raise RemoteProgramEnded(
+                    f"{self._argv0!r} on {self._owner.target.label} had ended when a request "
+                    "was written to it (the SSH connection is up); the request reached nobody"
+                ) from None
             raise TransportError(
                 f"stream to {self._owner.target.label} failed: {exc}; the request may or may "
                 "not have been received"

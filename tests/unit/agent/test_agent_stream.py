@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -81,10 +83,45 @@ def test_concurrent_callers_use_at_most_max_streams(persistent: AgentClient) -> 
     assert max(seen) <= 2 and len(_agent_pids(persistent)) <= 2
 
 
-def test_a_killed_serving_process_is_an_error_then_replaced(persistent: AgentClient) -> None:
+def _wait_until_ended(pid: int, deadline: float = 10.0) -> None:
+    """Until process ``pid`` has ended (a zombie or gone), at most ``deadline`` seconds."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not end within {deadline} s")
+
+
+def test_an_agent_that_ended_while_idle_is_replaced_and_the_request_sent_again(
+        persistent: AgentClient, caplog: pytest.LogCaptureFixture) -> None:
     persistent.run(exec_op(["true"]))
     (pid,) = _agent_pids(persistent)
     os.kill(pid, 9)
-    with pytest.raises(TransportError):
-        persistent.run(exec_op(["true"]))
+    _wait_until_ended(pid)
+    with caplog.at_level(logging.WARNING, logger="dagster_slurm.agent"):
+        assert persistent.run(exec_op(["echo", "ok"])).stdout == "ok\n"
+    assert [r.getMessage() for r in caplog.records] == [
+        "the cluster-side agent process on the login node had ended (killed by signal 9) "
+        "before a request reached it; the SSH connection is up, so a new agent process was "
+        "started and the request sent to it"
+    ]
+    assert "Socket is closed" not in caplog.text and "Broken pipe" not in caplog.text
+    assert _agent_pids(persistent) and pid not in _agent_pids(persistent)
+
+
+def test_an_agent_that_ends_during_a_request_says_the_outcome_is_unknown(
+        persistent: AgentClient) -> None:
+    persistent.run(exec_op(["true"]))
+    with pytest.raises(TransportError) as caught:
+        persistent.run(exec_op(["sh", "-c", "kill -9 $PPID"]))
+    assert str(caught.value).startswith(
+        "the cluster-side agent process on the login node ended while handling a request "
+        "(killed by signal 9); the SSH connection is up. Whether the request ran is unknown; "
+        "the next request starts a new agent process."
+    )
     assert persistent.run(exec_op(["echo", "ok"])).stdout == "ok\n"

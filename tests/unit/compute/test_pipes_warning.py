@@ -1,6 +1,7 @@
 """Dagster's "did not receive any messages" warning: absent for a shell payload (which never
-opens Pipes), still there for a Python payload that should have opened Pipes and did not; and
-no Dagster preview warning from the library's message reader. Local mode, no cluster."""
+opens Pipes) and for a payload that never started (unschedulable job, refused submission),
+still there for a Python payload that should have opened Pipes and did not; and no Dagster
+preview warning from the library's message reader. Local mode, no cluster."""
 
 import logging
 import textwrap
@@ -11,6 +12,8 @@ import dagster as dg
 import pytest
 
 from dagster_slurm import ComputeResource
+from dagster_slurm.jobs.errors import JobOutcome, SlurmJobUnschedulable, SlurmSubmissionError
+from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers import BashLauncher, is_shell_script
 from dagster_slurm.pipes.quiet import NO_MESSAGES_WARNING, pipes_warning_scope
 
@@ -91,3 +94,86 @@ def test_the_filter_drops_only_that_warning_and_only_inside_the_block(opens_pipe
     assert len(seen) == 4 - dropped
     assert seen[-1] == f"WARNING {NO_MESSAGES_WARNING}"
     assert not logger.filters
+
+
+# -- a payload that never started ------------------------------------------------------------
+
+
+class _NeverRuns(PipesJobRunner):
+    """A runner whose payload (a Python script, expected to open Pipes) never runs: its
+    start raises ``start_error``, or its wait raises ``wait_error``."""
+
+    def __init__(self, *, start_error: BaseException | None = None,
+                 wait_error: BaseException | None = None) -> None:
+        self.start_error = start_error
+        self.wait_error = wait_error
+
+    def _prepare(self, context, request):
+        return PreparedJob(context, request, dg.PipesTempFileContextInjector(),
+                           dg.PipesTempFileMessageReader())
+
+    def _start(self, job, pipes):
+        if self.start_error is not None:
+            raise self.start_error
+        return "4711"
+
+    def _wait(self, job, handle):
+        raise self.wait_error
+
+    def _terminate(self, job, handle, error):
+        pass
+
+    def _outcome(self, job, handle, result, pipes):
+        raise AssertionError("not reached")
+
+
+def _run_never(runner: _NeverRuns) -> tuple[list[str], str]:
+    """Materialize an asset with ``runner``; the run's log messages and the step's error."""
+
+    @dg.asset
+    def never(context: dg.AssetExecutionContext):
+        yield from runner.run(context, JobRequest("job.py", BashLauncher())).get_results()
+
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize([never], instance=instance, raise_on_error=False)
+    assert not result.success
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    return logs, failure.step_failure_data.error.to_string()
+
+
+def test_a_job_that_can_never_start_gets_no_pipes_warning():
+    error = SlurmJobUnschedulable(JobOutcome("4711", "PENDING", None, reason="PartitionTimeLimit"),
+                                  "pending with reason PartitionTimeLimit: lower time_limit")
+    logs, message = _run_never(_NeverRuns(wait_error=error))
+    assert not [m for m in logs if NO_MESSAGES_WARNING in m or "open_dagster_pipes" in m]
+    assert "job can never start as submitted (job 4711, state PENDING)" in message
+
+
+def test_a_refused_submission_gets_no_pipes_warning():
+    logs, message = _run_never(_NeverRuns(start_error=SlurmSubmissionError(
+        "sbatch rejected job 'x': Invalid partition name specified")))
+    assert not [m for m in logs if NO_MESSAGES_WARNING in m]
+    assert "Invalid partition name specified" in message
+
+
+def test_a_payload_that_may_have_run_still_gets_the_pipes_warning():
+    logs, _ = _run_never(_NeverRuns(wait_error=RuntimeError("the link broke")))
+    assert [m for m in logs if NO_MESSAGES_WARNING in m]
+
+
+def test_never_started_turns_the_filter_on_for_a_python_payload():
+    logger = logging.getLogger("test-quiet-never-started")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logger.addHandler(Keep())
+    logger.propagate = False
+    with pipes_warning_scope(logger, payload="x.py", opens_pipes=True) as quiet:
+        logger.warning(NO_MESSAGES_WARNING)
+        quiet.never_started("job 1 could never start as submitted")
+        logger.warning(NO_MESSAGES_WARNING)
+    assert seen == [NO_MESSAGES_WARNING] and quiet.dropped == 1

@@ -1,0 +1,42 @@
+"""Where and how an SSH transport logs in (:class:`SSHTarget`) and its limits
+(:class:`SSHOptions`): immutable values, the key of the process-wide connection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+HostKeyChecking = Literal["strict", "accept-new", "off"]
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and how to log in. ``password``/``key_path`` None means "not used"."""
+
+    host: str
+    port: int
+    user: str
+    key_path: str | None = None
+    password: str | None = field(default=None, repr=False)
+    known_hosts_path: str | None = None
+    host_key_checking: HostKeyChecking = "strict"
+    allow_agent: bool = True
+    jump: SSHTarget | None = None
+
+    @property
+    def label(self) -> str:
+        """``user@host:port`` (through ``jump`` when set), for messages; no secrets."""
+        via = f" via {self.jump.label}" if self.jump else ""
+        return f"{self.user}@{self.host}:{self.port}{via}"
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """Timeouts and limits of a transport (seconds unless stated)."""
+
+    connect_timeout: float = 15.0
+    command_timeout: float = 300.0
+    keepalive_interval: int = 30
+    max_channels: int = 8
+    reconnect_attempts: int = 3
+    reconnect_backoff: float = 1.0
