@@ -111,10 +111,8 @@ class AgentStreamPool:
                 continue
             except TransportError:
                 # A stream that exits at once (not installed) can close its input before we write.
-                if _installing(stream, self.not_installed_exit):
-                    self._discard(stream)
+                if self._discard_failed(stream):
                     return NOT_INSTALLED
-                self._discard(stream)
                 raise
             except BaseException:
                 self._discard(stream)
@@ -127,10 +125,8 @@ class AgentStreamPool:
         try:
             answer = stream.readline(timeout)
         except TransportError:
-            if _installing(stream, self.not_installed_exit):
-                self._discard(stream)
+            if self._discard_failed(stream):
                 return NOT_INSTALLED
-            self._discard(stream)
             raise
         except BaseException:
             self._discard(stream)
@@ -148,6 +144,13 @@ class AgentStreamPool:
             "unknown; the next request starts a new agent process. Its last error output: "
             f"{stderr[-2000:]}"
         )
+
+    def _discard_failed(self, stream: Stream) -> bool:
+        """Discard ``stream`` after a send or read on it failed; True when its process
+        exited with the status that means the program is not installed yet."""
+        installing = _installing(stream, self.not_installed_exit)
+        self._discard(stream)
+        return installing
 
     def _drop_ended(self) -> None:
         """Discard the idle streams whose process has ended (so that a retry gets a live one)."""

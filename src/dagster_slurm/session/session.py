@@ -150,7 +150,6 @@ class RunSession:
             make_allocation=self.make_allocation,
             clone_allocation_config=self.clone_allocation_config,
         )
-        self.background = background
         #: True once a step of this process was interrupted (not an ordinary exception).
         self.interrupted = False
         self._threads = SessionThreads(

@@ -40,8 +40,7 @@ class CurrentAllocation:
         once the session was closed in this process (a head that became ready after
         ``close()`` is not handed out)."""
         with self._lock:
-            if self._closed:
-                raise SessionError(f"the run session {self.job_name} was closed in this process")
+            self.check_open()
             self._allocation = allocation
             return allocation
 
