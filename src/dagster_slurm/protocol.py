@@ -35,6 +35,15 @@ WORKER_DRAINING = "draining"
 #: (``released <reason>``).
 WORKER_RELEASED = "released"
 
+#: The exit status a job script records (status file and exit) when Slurm restarted its
+#: job (``SLURM_RESTART_COUNT`` set) and the payload may not start again: the payload did
+#: not run in this start. Also the exit status of a restarted step server.
+REQUEUED_STATUS = 118
+#: The words a restarted job script writes on stderr when it refuses to start the payload
+#: again: with :data:`REQUEUED_STATUS` they tell the library that the refusal, not the
+#: payload, ended the job.
+REQUEUE_REFUSAL = "the payload is not started again"
+
 #: The prefix of the template placeholders the renderer fills from this module.
 TEMPLATE_PREFIX = "protocol_"
 
@@ -61,5 +70,7 @@ TEMPLATE_VALUES: Mapping[str, str] = MappingProxyType({
         ("REMOVAL_SIGNAL", REMOVAL_SIGNAL),
         ("WORKER_DRAINING", WORKER_DRAINING),
         ("WORKER_RELEASED", WORKER_RELEASED),
+        ("REQUEUED_STATUS", REQUEUED_STATUS),
+        ("REQUEUE_REFUSAL", REQUEUE_REFUSAL),
     )
 })

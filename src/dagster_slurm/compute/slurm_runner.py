@@ -39,7 +39,7 @@ from dagster_slurm.jobs.final_accounting import (
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths, job_name_for, step_identity
-from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker
+from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker, nodes_of
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_argv
@@ -166,6 +166,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             drain_signal=drain_signal_of(self.slurm.queue.signal_before_timeout),
             heartbeat_file=paths.heartbeat if self.heartbeat_timeout is not None else None,
             heartbeat_timeout=self.heartbeat_timeout,
+            restart_allowed=spec.requeue,
         )
         # The heartbeat file exists from the submission on (a job that starts before the
         # first poll finds content), and is rewritten by every poll, limit or not (the
@@ -205,7 +206,14 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         watcher.track(handle, job.job_name, status_file=job.paths.status,
                       heartbeat_file=job.paths.heartbeat)
         job.status_seen.tracking(handle)
-        tracker = PendingTracker(handle, self.pending, job.context.log.info, job.reader.wake)
+        tracker = PendingTracker(
+            handle, self.pending, job.context.log.info, job.reader.wake,
+            warn=job.context.log.warning,
+            requeue_note=("the payload starts again from the beginning when the job runs "
+                          "(requeue=True)" if job.spec.requeue else
+                          "it was submitted with --no-requeue, so its script will not start "
+                          "the payload again and the step fails"),
+        )
         follower = follower_for(job.context, self.run_status_interval)
 
         def follow() -> None:
@@ -238,7 +246,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         scheduler, paths, reader = job.scheduler, job.paths, job.reader
         outcome = JobOutcome(
             handle, result.state.value if result.state else None,
-            result.exit_code, reader.stdout_tail(), reader.stderr_tail(),
+            result.exit_code, reader.stdout_tail(), reader.stderr_tail(), nodes=nodes_of(result),
         )
         error = outcome_error(result.state, outcome)
         # Accounting and cleanup in one round trip. A failed job's files are kept for

@@ -21,7 +21,9 @@ class JobOutcome:
 
     ``job_id`` is the Slurm job id (``local-<pid>`` in local mode); ``state`` the final
     scheduler state name (None when unknown); ``exit_code`` the payload's exit code (None when
-    it never wrote one); ``stdout_tail``/``stderr_tail`` the last lines of its output.
+    it never wrote one); ``stdout_tail``/``stderr_tail`` the last lines of its output;
+    ``reason`` the scheduler's reason code (None when it gave none); ``nodes`` the hosts the
+    job ran on, as far as known (``()`` when it never ran or they are unknown).
     """
 
     job_id: str
@@ -30,6 +32,7 @@ class JobOutcome:
     stdout_tail: str = ""
     stderr_tail: str = ""
     reason: str | None = None
+    nodes: tuple[str, ...] = ()
 
 
 class SlurmJobError(DagsterSlurmError):
@@ -41,6 +44,7 @@ class SlurmJobError(DagsterSlurmError):
         self.outcome = outcome
         parts = [f"{self.headline} (job {outcome.job_id}, state {outcome.state or 'unknown'}"
                  + (f", exit code {outcome.exit_code}" if outcome.exit_code is not None else "")
+                 + (f", on {','.join(outcome.nodes)}" if outcome.nodes else "")
                  + ")"]
         if detail:
             parts.append(detail)
@@ -73,6 +77,14 @@ class SlurmNodeFailure(SlurmJobError):
     """A node of the job failed (NODE_FAIL, BOOT_FAIL)."""
 
     headline = "a node of the job failed"
+
+
+class SlurmJobRequeued(SlurmJobError):
+    """Slurm started the job again (a requeue: node failure, preemption, ``scontrol
+    requeue``) although it was submitted without requeue, and the job script did not start
+    the payload a second time."""
+
+    headline = "Slurm restarted the job; the payload was not started again"
 
 
 class SlurmJobCancelled(SlurmJobError):

@@ -10,9 +10,11 @@ from dagster_slurm.jobs.errors import (
     SlurmJobNonZeroExit,
     SlurmJobOutOfMemory,
     SlurmJobPreempted,
+    SlurmJobRequeued,
     SlurmJobTimeout,
     SlurmNodeFailure,
 )
+from dagster_slurm.protocol import REQUEUE_REFUSAL
 from dagster_slurm.slurm.states import JobState
 
 _BY_STATE: dict[JobState, type[SlurmJobError]] = {
@@ -50,6 +52,8 @@ def outcome_error(state: JobState | None, outcome: JobOutcome) -> SlurmJobError 
         if outcome.exit_code == 0:
             return SlurmJobLost(outcome, _UNKNOWN_WITH_ZERO)
         return SlurmJobLost(outcome, "neither the scheduler nor accounting knows how it ended")
+    if REQUEUE_REFUSAL in outcome.stderr_tail:
+        return SlurmJobRequeued(outcome, _REQUEUED_ADVICE)
     if state in (JobState.FAILED, JobState.CANCELLED) and any(
         marker in outcome.stderr_tail for marker in _MEMORY_KILL_MARKERS
     ):
@@ -65,6 +69,12 @@ def outcome_error(state: JobState | None, outcome: JobOutcome) -> SlurmJobError 
         return SlurmJobNonZeroExit(outcome, "the payload exited 0 but the job script failed")
     return SlurmJobNonZeroExit(outcome, f"job ended in state {state.value}")
 
+
+_REQUEUED_ADVICE = (
+    "its first start was lost (a node failure, a preemption, 'scontrol requeue', or a "
+    "controller restarted without its state); re-execute the step, or set requeue=True in the queue "
+    "configuration if the payload is safe to start again"
+)
 
 _UNKNOWN_WITH_ZERO = (
     "the job's final state is unknown (neither squeue nor accounting reports it), so its "

@@ -119,13 +119,22 @@ class PendingTracker:
     changes and every ``log_interval`` seconds; a fatal reason seen for ``grace`` seconds
     raises :class:`~dagster_slurm.jobs.errors.SlurmJobUnschedulable` (the caller cancels the
     job). The first observation of the job running emits one line naming its nodes, then
-    calls ``on_running``.
+    calls ``on_running``. A job seen running and then pending again was requeued: ``warn``
+    (default ``emit``) gets one line naming the nodes it ran on, the scheduler's reason and
+    ``requeue_note`` (what becomes of the payload), and the next start is reported again.
     """
 
     def __init__(
         self, job_id: str, policy: PendingPolicy, emit: Callable[[str], None],
         on_running: Callable[[], None] = lambda: None,
+        *,
+        warn: Callable[[str], None] | None = None,
+        requeue_note: str = "",
     ) -> None:
+        self.warn = warn or emit
+        self.requeue_note = requeue_note
+        self.restarts = 0
+        self._ran_on = ""
         self.on_running = on_running
         self.job_id = job_id
         self.policy = policy
@@ -137,6 +146,8 @@ class PendingTracker:
 
     def __call__(self, obs: JobObservation) -> None:
         now = time.monotonic()
+        if obs.state is not None and obs.state.pending and self._running_logged:
+            self._requeued(obs)
         if obs.state is not None and obs.state.pending:
             report = explain_pending(
                 self.job_id, obs.reason, obs.start_time,
@@ -156,6 +167,27 @@ class PendingTracker:
                 self._fatal_since = None
         elif obs.state is not None and obs.state.active and not self._running_logged:
             nodes = ",".join(obs.queue.nodes or ()) if obs.queue else ""
-            self.emit(f"Slurm job {self.job_id} is {obs.state.value}" + (f" on {nodes}" if nodes else ""))
+            self.emit(f"Slurm job {self.job_id} is {obs.state.value}" + (f" on {nodes}" if nodes else "")
+                      + (f" again (start {self.restarts + 1})" if self.restarts else ""))
             self._running_logged = True
+            self._ran_on = nodes
             self.on_running()
+
+    def _requeued(self, obs: JobObservation) -> None:
+        """The job ran and is pending again: Slurm requeued it. Said once per requeue."""
+        self.restarts += 1
+        self._running_logged = False
+        where = f" on {self._ran_on}" if self._ran_on else ""
+        reason = f" (reason {obs.reason})" if obs.reason else ""
+        self.warn(f"Slurm requeued job {self.job_id}: it ran{where} and is back in the queue "
+                  f"as {obs.state.value if obs.state else 'pending'}{reason}"
+                  + (f"; {self.requeue_note}" if self.requeue_note else ""))
+
+
+def nodes_of(obs: JobObservation) -> tuple[str, ...]:
+    """The hosts of an observed job, from squeue or else accounting (``()`` when unknown)."""
+    for record in (obs.queue, obs.accounting):
+        nodes = getattr(record, "nodes", None) if record is not None else None
+        if nodes:
+            return tuple(nodes)
+    return ()

@@ -197,6 +197,12 @@ class ExecutionPlan:
     heartbeat_timeout: float | None = None
     """Seconds the content of ``heartbeat_file`` may stay unchanged before the job cancels
     itself (rounded up to whole seconds); None: no dead-man's switch."""
+    restart_allowed: bool = False
+    """Whether the payload may start again when Slurm restarts the job (a requeue after a
+    node failure, ``scontrol requeue``; the job then sees ``SLURM_RESTART_COUNT``). False: a
+    restarted job does not start the payload and ends with
+    :data:`~dagster_slurm.protocol.REQUEUED_STATUS`; True: it says on stderr which start it
+    is before the payload starts again."""
 
     def __post_init__(self) -> None:
         payload = self.payload
@@ -225,13 +231,15 @@ class ExecutionPlan:
             raise ConfigurationError("num_nodes", self.num_nodes, "must be at least 1")
         if self.drain_signal is not None:
             normalize_drain_signal("drain_signal", self.drain_signal)
-        self._check_heartbeat()
+        self._check_options()
         # Freeze the argv and the environment so that a rendered plan cannot change later.
         object.__setattr__(self, "payload", tuple(payload))
         env = validate_env(self.env, field="env", total_limit=PLAN_ENV_LIMIT)
         object.__setattr__(self, "env", MappingProxyType(env))
 
-    def _check_heartbeat(self) -> None:
+    def _check_options(self) -> None:
+        if not isinstance(self.restart_allowed, bool):
+            raise ConfigurationError("restart_allowed", self.restart_allowed, "must be True or False")
         if (self.heartbeat_file is None) != (self.heartbeat_timeout is None):
             raise ConfigurationError(
                 "heartbeat_timeout", self.heartbeat_timeout,

@@ -185,5 +185,6 @@ def render_prologue(plan: ExecutionPlan, *, launcher: str) -> str:
             "payload": list(plan.payload),
             "heartbeat_file": plan.heartbeat_file or "",
             "heartbeat_timeout": plan.heartbeat_seconds,
+            "restart_allowed": "1" if plan.restart_allowed else "",
         },
     )

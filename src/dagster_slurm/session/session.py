@@ -49,7 +49,11 @@ from dagster_slurm.resources.slurm import SlurmResource
 from dagster_slurm.session.core.allocation import SlurmAllocation
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.context import SessionContext
-from dagster_slurm.session.core.errors import SlurmAllocationEnded, SlurmStepExecutionResult
+from dagster_slurm.session.core.errors import (
+    REQUEUED,
+    SlurmAllocationEnded,
+    SlurmStepExecutionResult,
+)
 from dagster_slurm.session.core.heartbeat import SessionThreads
 from dagster_slurm.session.core.io import AgentSessionIO, SessionIO
 from dagster_slurm.session.core.paths import SessionPaths, session_digest, session_job_name
@@ -451,9 +455,12 @@ class RunSession:
         return self.context.step_follow(step)
 
     def forget(self, allocation: SlurmAllocation, state: str | None = None) -> None:
-        """Stop using ``allocation`` (it ended); the next step gets a new one."""
+        """Stop using ``allocation`` (it ended); the next step gets a new one. One that
+        Slurm requeued (``state`` ``REQUEUED``) is cancelled: a restart would not serve."""
         self.context.current.drop(allocation)
         self.context.retire(allocation.job_id, "job_id", state)
+        if state == REQUEUED:
+            self.context.cancel_quietly(allocation.job_id, ProgressLog(None))
 
     def cleanup_step(self, step_key: str) -> None:
         """Remove the invocation files ``step_key`` kept (``defer_cleanup=True``) in every

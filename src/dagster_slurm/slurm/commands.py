@@ -133,6 +133,10 @@ class SbatchSpec:
     """``--exclusive`` when True: no sharing of the nodes with other jobs."""
     hold: bool = False
     """``--hold`` when True: submit held (priority 0) until released."""
+    requeue: bool = False
+    """``--requeue`` when True, ``--no-requeue`` when False (always passed, so a site's
+    ``JobRequeue`` default never decides): whether Slurm may start the job again from the
+    beginning after a node failure, a preemption or ``scontrol requeue``."""
     export: str | None = "ALL"
     """``--export``: which environment variables reach the job (default ``ALL``)."""
     extra_directives: tuple[str, ...] = ()
@@ -161,7 +165,7 @@ class SbatchSpec:
         _optional("comment", self.comment, _validate_comment)
         for name in ("output", "error", "chdir"):
             _optional(name, getattr(self, name), validate_text)
-        for name in ("exclusive", "hold"):
+        for name in ("exclusive", "hold", "requeue"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(name, getattr(self, name), "must be True or False")
         for index, component in enumerate(self.het_components):
@@ -236,7 +240,8 @@ def sbatch_argv(
     A heterogeneous job (``spec.het_components``) gets, after component 0's options, a
     ``:`` and the options of each later component (:func:`~dagster_slurm.slurm.hetjob.het_component_argv`).
 
-    Always adds ``--parsable`` (stdout is ``<job id>[;<cluster>]``, see
+    Always adds ``--requeue`` or ``--no-requeue`` (``spec.requeue``) and ``--parsable``
+    (stdout is ``<job id>[;<cluster>]``, see
     :func:`~dagster_slurm.slurm.parsers.parse_sbatch_parsable`). With ``test_only`` adds
     ``--test-only``: Slurm then only estimates the start (on stderr, see
     :func:`~dagster_slurm.slurm.parsers.parse_test_only`) and submits nothing, although the
@@ -253,6 +258,8 @@ def sbatch_argv(
             options[option] = f"--{option}={value}"
         elif spec_field.name in _FLAG_OF_FIELD and value:
             options[_FLAG_OF_FIELD[spec_field.name]] = f"--{_FLAG_OF_FIELD[spec_field.name]}"
+    requeue = "requeue" if spec.requeue else "no-requeue"
+    options[requeue] = f"--{requeue}"
     for entry in spec.extra_directives:
         options[option_name(entry) or entry] = entry
     argv = ["sbatch", *(options[name] for name in sorted(options))]

@@ -61,6 +61,8 @@ MANAGED_OPTION_ADVICE: dict[str, str] = {
     "export": _SET_BY_LIBRARY + " (the environment is prepared by the launcher)",
     "array": "is not supported: each submission is one job",
     "hold": _SET_BY_LIBRARY + " (held submissions are requested explicitly)",
+    "requeue": _FIELD.format("requeue") + " (run allocations are never requeued)",
+    "no-requeue": _FIELD.format("requeue") + " (False, the default, passes --no-requeue)",
 }
 
 MANAGED_SBATCH_OPTIONS: frozenset[str] = frozenset(MANAGED_OPTION_ADVICE)

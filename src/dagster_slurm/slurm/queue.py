@@ -96,6 +96,16 @@ class SlurmQueueConfig(Config, KnownFieldsOnly):
     qos: str | None = Field(default=None, description="Quality of service (--qos).")
     reservation: str | None = Field(default=None, description="Reservation (--reservation).")
     account: str | None = Field(default=None, description="Account charged (--account).")
+    requeue: bool = Field(
+        default=False,
+        description=(
+            "Whether Slurm may start an asset-scope job again from the beginning after a node "
+            "failure, a preemption or 'scontrol requeue' (--requeue). False (the default) "
+            "submits with --no-requeue: such a job fails instead, because a restarted payload "
+            "is only safe when it is idempotent. True: the step logs each requeue before the "
+            "payload starts again. Run allocations are never requeued."
+        ),
+    )
     extra_sbatch_directives: list[str] = Field(
         default_factory=list,
         description=(
@@ -161,6 +171,7 @@ class SlurmQueueConfig(Config, KnownFieldsOnly):
             "mem_per_cpu": self.mem_per_cpu,
             "signal": (f"B:{self.signal_before_timeout}" if self.signal_before_timeout else None),
             "extra_directives": tuple(self.extra_sbatch_directives),
+            "requeue": self.requeue,
         }
         if "mem" in overrides or "mem_per_cpu" in overrides:
             values["mem"] = values["mem_per_cpu"] = None

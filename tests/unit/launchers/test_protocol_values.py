@@ -64,6 +64,8 @@ STAND_INS = {
     "protocol_removal_signal": "USR2",
     "protocol_worker_draining": "stand-in-draining",
     "protocol_worker_released": "stand-in-released",
+    "protocol_requeued_status": "8118",
+    "protocol_requeue_refusal": "stand-in refusal words",
 }
 
 
@@ -123,7 +125,10 @@ def test_the_rendered_scripts_carry_the_protocol_values(monkeypatch: pytest.Monk
                    if key.startswith(protocol.TEMPLATE_PREFIX)} for name in loaded}
     assert used["ray_worker.sh"] == set(STAND_INS) - {
         "protocol_submit_grace_seconds", "protocol_failed_record_seconds",
-        "protocol_drain_grace_seconds"}
+        "protocol_drain_grace_seconds", "protocol_requeued_status", "protocol_requeue_refusal"}
+    for launcher in ("bash", "ray", "spark", "worker"):
+        assert "\n__ds_requeued_status=8118\n" in rendered[launcher], launcher
+        assert "\n__ds_requeue_refusal='stand-in refusal words'\n" in rendered[launcher]
     texts = "\n".join(rendered.values())
     for name, keys in used.items():
         for key in keys:
@@ -207,6 +212,9 @@ RULES: tuple[Rule, ...] = (
          rf"(?<![\w.]){_seconds(protocol.SUBMIT_GRACE_SECONDS)}(?![\w.])"),
     Rule("FAILED_RECORD_SECONDS", "the failed record's age computed with a record",
          _operand(_seconds(protocol.FAILED_RECORD_SECONDS)), r"(?i)record|failed"),
+    Rule("REQUEUED_STATUS", "the requeued exit status, a number no template has otherwise",
+         rf"(?<![\w.]){protocol.REQUEUED_STATUS}(?![\w.])"),
+    Rule("REQUEUE_REFUSAL", "the refusal's words", re.escape(protocol.REQUEUE_REFUSAL)),
 )
 
 _TRAILING_COMMENT = re.compile(r"(?:^|\s)#.*$")

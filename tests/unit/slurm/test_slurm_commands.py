@@ -124,7 +124,16 @@ def test_spec_normalises_time_and_signal() -> None:
 
 def test_none_fields_are_not_passed() -> None:
     argv = sbatch_argv(SbatchSpec(job_name="j", script_path="s", export=None))
-    assert argv == ["sbatch", "--job-name=j", "--parsable", "s"]
+    assert argv == ["sbatch", "--job-name=j", "--no-requeue", "--parsable", "s"]
+
+
+def test_the_requeue_policy_is_always_explicit() -> None:
+    """A site's JobRequeue default never decides: False passes --no-requeue, True --requeue."""
+    assert "--no-requeue" in sbatch_argv(SbatchSpec(job_name="j", script_path="s"))
+    argv = sbatch_argv(SbatchSpec(job_name="j", script_path="s", requeue=True))
+    assert "--requeue" in argv and "--no-requeue" not in argv
+    with pytest.raises(ConfigurationError, match="requeue"):
+        SbatchSpec(job_name="j", script_path="s", requeue="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

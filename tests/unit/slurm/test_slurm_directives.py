@@ -30,7 +30,7 @@ def test_valid_entries_are_kept_in_order() -> None:
         "--dependency=afterany:123",
         "--constraint=a100|h100",
         "--begin=now+1hour",
-        "--requeue",
+        "--overcommit",
         "--mail-type=END,FAIL",
         "--gres-flags=enforce-binding",  # longer than a managed name, not an abbreviation
         "--mem-bind=local",
@@ -73,10 +73,12 @@ def _problem(entries: list[str], field: str = "extra_sbatch_directives") -> Conf
         ("--wait", "block sbatch"),
         ("--clusters=other", "another cluster"),
         ("--TIME=5", "time_limit"),
+        ("--requeue", "use the first-class field requeue"),
+        ("--no-requeue", "use the first-class field requeue"),
     ],
 )
 def test_reserved_options_name_the_replacement(entry: str, advice: str) -> None:
-    error = _problem(["--requeue", entry])
+    error = _problem(["--overcommit", entry])
     assert error.field == "extra_sbatch_directives[1]"
     assert error.value == entry
     assert advice in str(error)
@@ -134,10 +136,10 @@ def test_malformed_entries(entry: str, problem: str) -> None:
 
 
 def test_duplicates_are_rejected_by_option_name() -> None:
-    error = _problem(["--begin=now", "--requeue", "--begin=now+1hour"])
+    error = _problem(["--begin=now", "--overcommit", "--begin=now+1hour"])
     assert error.field == "extra_sbatch_directives[2]"
     assert "repeats --begin from extra_sbatch_directives[0]" in str(error)
-    assert "repeats --requeue" in str(_problem(["--requeue", "--requeue"]))
+    assert "repeats --overcommit" in str(_problem(["--overcommit", "--overcommit"]))
 
 
 def test_duplicate_time_is_reported_as_managed() -> None:
@@ -151,7 +153,7 @@ def test_custom_field_name_appears_in_the_error() -> None:
 
 
 def test_a_single_string_is_not_a_list() -> None:
-    error = _problem("--requeue")  # type: ignore[arg-type]
+    error = _problem("--overcommit")  # type: ignore[arg-type]
     assert "not one string" in str(error)
 
 

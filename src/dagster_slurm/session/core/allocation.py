@@ -33,9 +33,11 @@ from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.core.errors import (
     RAY_STOPPED,
     REPLACED,
+    REQUEUED,
     SlurmAllocationEnded,
     SlurmStepExecutionResult,
     SlurmStepFailed,
+    allocation_ended,
 )
 from dagster_slurm.session.core.paths import SessionPaths
 from dagster_slurm.slurm.states import JobState
@@ -276,10 +278,10 @@ class SlurmAllocation:
                         self._raise_if_ending(result)
                     return result
                 if ended_state is not None:
-                    raise SlurmAllocationEnded(
+                    raise allocation_ended(
                         SlurmStepExecutionResult(
                             self.job_id, handle.name, None, drain_signal is not None,
-                            drain_signal, allocation_state=ended_state,
+                            drain_signal, allocation_state=ended_state, nodes=self.nodes,
                         ),
                         f"allocation {self.job_id} ended ({ended_state}) before the step "
                         f"{handle.name} wrote its exit status",
@@ -287,7 +289,8 @@ class SlurmAllocation:
                 if status is not None:
                     next_check = self.clock() + self.allocation_check_interval
                     now = batch.response.now if batch.response else None
-                    ended_state = self.scheduler.snapshot(status.result(), now).ended_state(self.job_id)
+                    ended_state = gone_state(self.scheduler.snapshot(status.result(), now),
+                                             self.job_id)
                     if ended_state is not None:
                         continue
                 on_poll()
@@ -329,14 +332,15 @@ class SlurmAllocation:
             return
         observed = snapshot.job(self.job_id)
         state = observed.state.value if observed.state is not None else snapshot.ended_state(self.job_id)
+        state = gone_state(snapshot, self.job_id) or state
         if state == JobState.RUNNING.value and not result.drained and self._replaced(document):
             state = REPLACED
         elif state == JobState.RUNNING.value and not result.drained and _marked(marker):
             state = RAY_STOPPED
         elif state is None or state == JobState.RUNNING.value:
             return
-        raise SlurmAllocationEnded(
-            dataclasses.replace(result, allocation_state=state),
+        raise allocation_ended(
+            dataclasses.replace(result, allocation_state=state, nodes=self.nodes),
             f"allocation {self.job_id} is {state}: it ended under step {result.step_name} "
             f"(which reported {'a drain' if result.drained else f'exit code {result.exit_code}'})",
         )
@@ -400,6 +404,20 @@ class SlurmAllocation:
         if raise_on_error and not result.drained and result.exit_code not in (0, None):
             raise SlurmStepFailed(result, f"files in {paths.job_dir}")
         return result
+
+
+def gone_state(snapshot: Any, job_id: str) -> str | None:
+    """The state of a started allocation that no longer holds its nodes in this poll: its
+    final state (:meth:`StatusSnapshot.ended_state`), or ``REQUEUED`` when it is waiting in
+    the queue again (Slurm requeued it: it started, since steps only go to a running
+    allocation); None while it runs or nothing is certain."""
+    ended = snapshot.ended_state(job_id)
+    if ended is not None:
+        return ended
+    observed = snapshot.job(job_id)
+    if observed.state is not None and observed.state.pending:
+        return REQUEUED
+    return None
 
 
 def last_lines(agent: Any, paths: Sequence[str], lines: int = 30) -> list[str]:

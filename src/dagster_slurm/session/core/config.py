@@ -223,6 +223,9 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         the field as this class spells it (``cpus_per_task``) and the value."""
         values = queue.model_dump()
         values["extra_sbatch_directives"] = list(self.extra_sbatch_directives)
+        # Never requeued: a restarted allocation would start an idle step server while its
+        # steps wait on the first start; the session replaces a lost allocation itself.
+        values["requeue"] = False
         for name, target in QUEUE_FIELDS.items():
             value = getattr(self, name)
             if value is not None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster_slurm.errors import DagsterSlurmError
-from dagster_slurm.jobs.errors import JobOutcome, SlurmJobError
+from dagster_slurm.jobs.errors import JobOutcome, SlurmJobError, SlurmNodeFailure
 
 #: ``allocation_state`` of a step whose allocation was replaced before the step started.
 REPLACED = "REPLACED"
@@ -14,6 +14,12 @@ REPLACED = "REPLACED"
 #: head there stopped (its step server recorded that the GCS no longer answers): the head
 #: is replaced by the next election.
 RAY_STOPPED = "RAY_STOPPED"
+#: ``allocation_state`` of a step whose allocation Slurm put back in the queue (requeued)
+#: after it had started: the step's payload is gone with that start.
+REQUEUED = "REQUEUED"
+#: Allocation states that mean a node failed under the step or Slurm took the allocation
+#: back to start it again: :class:`SlurmAllocationNodeFailure`.
+NODE_LOSS_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL", REQUEUED})
 
 
 @dataclass(frozen=True)
@@ -38,10 +44,13 @@ class SlurmStepExecutionResult:
     stdout_tail: str = ""
     stderr_tail: str = ""
 
+    nodes: tuple[str, ...] = ()
+    """The allocation's hosts, head first (``()`` when not known)."""
+
     def outcome(self) -> JobOutcome:
         return JobOutcome(
             self.job_id, self.allocation_state or "RUNNING", self.exit_code,
-            self.stdout_tail, self.stderr_tail,
+            self.stdout_tail, self.stderr_tail, nodes=self.nodes,
         )
 
 
@@ -55,6 +64,34 @@ class SlurmAllocationEnded(SlurmJobError):
     def __init__(self, result: SlurmStepExecutionResult, detail: str = "") -> None:
         self.result = result
         super().__init__(result.outcome(), detail)
+
+
+class SlurmAllocationNodeFailure(SlurmAllocationEnded, SlurmNodeFailure):
+    """A node of the run's allocation failed under the step (``NODE_FAIL``, ``BOOT_FAIL``) or
+    Slurm requeued the allocation (``REQUEUED``). The step's payload is lost with that start
+    of the allocation and is never started again by the library: run allocations are
+    submitted with ``--no-requeue``, and a restarted one does not serve steps. Both an
+    :class:`SlurmAllocationEnded` and a
+    :class:`~dagster_slurm.jobs.errors.SlurmNodeFailure`."""
+
+    headline = "a node of the run allocation failed under the step"
+
+
+def allocation_ended(result: SlurmStepExecutionResult, detail: str) -> SlurmAllocationEnded:
+    """The error for a step whose allocation ended (``result.allocation_state``): a
+    :class:`SlurmAllocationNodeFailure` for a lost node or a requeue (with what became of
+    the allocation and what to do), else :class:`SlurmAllocationEnded`."""
+    if result.allocation_state not in NODE_LOSS_STATES:
+        return SlurmAllocationEnded(result, detail)
+    where = f" on {','.join(result.nodes)}" if result.nodes else ""
+    fate = ("Slurm put it back in the queue; it is cancelled, since a restarted allocation "
+            "would not have the step" if result.allocation_state == REQUEUED else
+            "Slurm ended it (run allocations are submitted with --no-requeue)")
+    return SlurmAllocationNodeFailure(result, (
+        f"{detail}. The allocation{where} lost a node ({result.allocation_state}): {fate}. "
+        "The payload is not started again; the run's next step gets a new allocation. "
+        "Re-execute the step, and report the node to the site if it recurs"
+    ))
 
 
 class SlurmStepFailed(SlurmJobError):

@@ -12,6 +12,11 @@
 #     tracks every descendant (cgroup, linuxproc), Slurm has sent it to the payload's
 #     process group itself, so it is not forwarded again;
 #   * 127: the activation script is missing, 126: it failed, 125: no job directory;
+#   * a job Slurm started a second time (SLURM_RESTART_COUNT > 0: requeued after a node
+#     failure or by 'scontrol requeue'; or the start marker of this job id and step is
+#     already in the job directory: a restarted controller that lost its state started it
+#     again) starts the payload again only when restarts are allowed, and says so on stderr
+#     first; otherwise it says why on stderr, records the requeued status and leaves;
 #   * the payload's output is not redirected here;
 #   * with a heartbeat limit (asset scope), a watchdog in the background cancels this job
 #     (scancel) once the CONTENT of the heartbeat file (each status poll of the waiting
@@ -45,6 +50,9 @@ __ds_payload=(
 )
 __ds_heartbeat_file=/scratch/dg/run-7f3a/step-2/heartbeat
 __ds_heartbeat_timeout=600
+__ds_restart_allowed=''
+__ds_requeued_status=118
+__ds_requeue_refusal='the payload is not started again'
 
 __ds_payload_pid=""
 __ds_pending=""
@@ -293,6 +301,34 @@ cd -- "$__ds_job_dir" || {
     __ds_log "cannot enter the job directory $__ds_job_dir"
     __ds_finish 125
 }
+
+# A second start of this job: Slurm requeued it (SLURM_RESTART_COUNT), or a controller that
+# lost its state started it again with the same id (only the start marker, created once per
+# job and step in the job directory, tells).
+__ds_restarted=""
+if [ "$__ds_mode" = slurm ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+    __ds_start_marker="$__ds_job_dir/.started-${SLURM_JOB_ID}.${SLURM_STEP_ID:-batch}"
+    if ! ( set -o noclobber; : > "$__ds_start_marker" ) 2>/dev/null; then
+        if [ -e "$__ds_start_marker" ]; then
+            __ds_restarted="Slurm started this job a second time"
+        else
+            __ds_log "cannot write the start marker $__ds_start_marker; a second start of" \
+                "this job would not be noticed"
+        fi
+    fi
+fi
+if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
+    __ds_restarted="Slurm restarted this job (restart ${SLURM_RESTART_COUNT})"
+fi
+if [ -n "$__ds_restarted" ]; then
+    if [ -z "$__ds_restart_allowed" ]; then
+        __ds_log "$__ds_restarted, now on ${SLURMD_NODENAME:-an unknown node};" \
+            "$__ds_requeue_refusal because the job was submitted without requeue"
+        __ds_finish "$__ds_requeued_status"
+    fi
+    __ds_log "$__ds_restarted, now on ${SLURMD_NODENAME:-an unknown node}; the payload" \
+        "starts again from the beginning (requeue=True)"
+fi
 
 if [ -n "$__ds_heartbeat_timeout" ]; then
     __ds_watchdog &
