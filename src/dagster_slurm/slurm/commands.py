@@ -240,9 +240,9 @@ def sbatch_argv(
     A heterogeneous job (``spec.het_components``) gets, after component 0's options, a
     ``:`` and the options of each later component (:func:`~dagster_slurm.slurm.hetjob.het_component_argv`).
 
-    Always adds ``--requeue`` or ``--no-requeue`` (``spec.requeue``) and ``--parsable``
-    (stdout is ``<job id>[;<cluster>]``, see
-    :func:`~dagster_slurm.slurm.parsers.parse_sbatch_parsable`). With ``test_only`` adds
+    Always adds ``--requeue`` or ``--no-requeue`` (``spec.requeue``), ``--open-mode=append``
+    (a second start of the job keeps what the first wrote) and ``--parsable`` (stdout is
+    ``<job id>[;<cluster>]``, see :func:`~dagster_slurm.slurm.parsers.parse_sbatch_parsable`). With ``test_only`` adds
     ``--test-only``: Slurm then only estimates the start (on stderr, see
     :func:`~dagster_slurm.slurm.parsers.parse_test_only`) and submits nothing, although the
     estimate consumes a job id. With ``script_on_stdin`` the script path is left out and
@@ -260,6 +260,9 @@ def sbatch_argv(
             options[_FLAG_OF_FIELD[spec_field.name]] = f"--{_FLAG_OF_FIELD[spec_field.name]}"
     requeue = "requeue" if spec.requeue else "no-requeue"
     options[requeue] = f"--{requeue}"
+    # A second start of the job (a requeue, a controller that lost its state) appends to the
+    # output files instead of truncating what the first start wrote.
+    options["open-mode"] = "--open-mode=append"
     for entry in spec.extra_directives:
         options[option_name(entry) or entry] = entry
     argv = ["sbatch", *(options[name] for name in sorted(options))]

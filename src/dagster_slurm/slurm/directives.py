@@ -35,6 +35,7 @@ MANAGED_OPTION_ADVICE: dict[str, str] = {
     "job-name": _SET_BY_LIBRARY + " (pass job_name when building the submission)",
     "output": _SET_BY_LIBRARY + " (the log location belongs to the run)",
     "error": _SET_BY_LIBRARY + " (the log location belongs to the run)",
+    "open-mode": _SET_BY_LIBRARY + " (append: a second start of a job keeps the first's logs)",
     "chdir": _SET_BY_LIBRARY + " (the working directory belongs to the run)",
     "parsable": _SET_BY_LIBRARY + " (the job id is read from its output)",
     "wrap": "is not allowed: the library submits its own batch script",

@@ -124,7 +124,8 @@ def test_spec_normalises_time_and_signal() -> None:
 
 def test_none_fields_are_not_passed() -> None:
     argv = sbatch_argv(SbatchSpec(job_name="j", script_path="s", export=None))
-    assert argv == ["sbatch", "--job-name=j", "--no-requeue", "--parsable", "s"]
+    assert argv == ["sbatch", "--job-name=j", "--no-requeue", "--open-mode=append", "--parsable",
+                    "s"]
 
 
 def test_the_requeue_policy_is_always_explicit() -> None:
@@ -132,6 +133,7 @@ def test_the_requeue_policy_is_always_explicit() -> None:
     assert "--no-requeue" in sbatch_argv(SbatchSpec(job_name="j", script_path="s"))
     argv = sbatch_argv(SbatchSpec(job_name="j", script_path="s", requeue=True))
     assert "--requeue" in argv and "--no-requeue" not in argv
+    assert "--open-mode=append" in argv  # a second start keeps the first start's logs
     with pytest.raises(ConfigurationError, match="requeue"):
         SbatchSpec(job_name="j", script_path="s", requeue="yes")  # type: ignore[arg-type]
 
