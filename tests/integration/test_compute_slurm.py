@@ -200,7 +200,7 @@ def test_node_failure_is_typed(env, tmp_path):
         time.sleep(1)
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=conf)
 
-    result = _run_in_background(payload, fail_node, env, extra_slurm_opts={"extra_sbatch_directives": ["--no-requeue"]})
+    result = _run_in_background(payload, fail_node, env)  # jobs are not requeued by default
     assert "SlurmNodeFailure" in step_failure(result)
 
 
