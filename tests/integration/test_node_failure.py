@@ -191,3 +191,30 @@ def test_a_restarted_controller_does_not_start_the_payload_again(slurm_cluster, 
         assert "SlurmJobRequeued" in failure and "second time" in failure, failure
         assert not result.get_asset_materialization_events()
     print("controller restart:", "completed" if result.success else "refused second start")
+
+
+def test_with_requeue_asked_the_step_says_so_before_the_payload_starts_again(
+        slurm_cluster, env, shared):
+    from compute_support import logged
+
+    instance = dg.DagsterInstance.ephemeral()
+    resource = compute(env, slurm=slurm_resource(env, requeue=True))
+    thread, outcome = _materialize_in_thread(shared, resource, instance)
+    node = _first_start(shared, thread, outcome)
+    try:
+        os.kill(_daemon_pid(slurm_cluster, f"slurmd-{node}"), signal.SIGKILL)
+        lines = wait_until(lambda: len(_starts(shared)) > 1 and _starts(shared), 400,
+                           "the payload's second start")
+        # Said before the payload started again: the step logged the requeue when it saw
+        # the job back in the queue, naming the node it ran on.
+        assert logged(instance, "Slurm requeued job"), lines
+        assert logged(instance, f"it ran on {node} and is back in the queue")
+        assert lines[1].split()[1] == "1", lines  # SLURM_RESTART_COUNT of the second start
+    finally:
+        (shared / "release").touch()
+        _restore(slurm_cluster, env, node)
+    thread.join(300)
+    assert not thread.is_alive(), "the run did not end"
+    result = outcome["result"]
+    assert result.success, step_failure(result)
+    assert len(result.get_asset_materialization_events()) == 1
