@@ -241,6 +241,17 @@ def test_forget_retires_the_allocation_it_was_given() -> None:
     session.forget(allocation, "NODE_FAIL")
     assert cluster.doc()["history"][allocation.job_id]["final_state"] == "NODE_FAIL"
     assert session.current_allocation() is None
+    assert cluster.cancelled == []  # Slurm ended it; nothing to cancel
+
+
+def test_forget_cancels_an_allocation_slurm_put_back_in_the_queue() -> None:
+    session, cluster = _session()
+    _start_when_submitted(cluster)
+    allocation = session.ensure()
+    session.forget(allocation, "REQUEUED")
+    assert cluster.cancelled == [allocation.job_id]
+    assert cluster.doc()["history"][allocation.job_id]["final_state"] == "REQUEUED"
+    assert session.current_allocation() is None
 
 
 def test_the_ready_file_is_trusted_only_after_squeue_says_the_job_runs() -> None:
