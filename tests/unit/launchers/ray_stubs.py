@@ -216,6 +216,10 @@ class StubCluster:
         return script
 
     def start(self, script: Path, **env: str) -> subprocess.Popen[str]:
+        # Each run stands for a new job with the stub's id: an earlier run's start marker
+        # would make the script take it for a second start of the same job and refuse.
+        for marker in self.job.glob("*.started-*"):
+            marker.unlink()
         return subprocess.Popen(
             ["bash", str(script)],
             stdout=subprocess.PIPE,

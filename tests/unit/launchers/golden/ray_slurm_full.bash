@@ -14,8 +14,8 @@
 #   * 127: the activation script is missing, 126: it failed, 125: no job directory;
 #   * a job Slurm started a second time (SLURM_RESTART_COUNT > 0: requeued after a node
 #     failure or by 'scontrol requeue'; or the start marker of this job id and step is
-#     already in the job directory: a restarted controller that lost its state started it
-#     again) starts the payload again only when restarts are allowed, and says so on stderr
+#     already next to the status file: a restarted controller that lost its state started
+#     it again) starts the payload again only when restarts are allowed, and says so on stderr
 #     first; otherwise it says why on stderr, records the requeued status and leaves;
 #   * the payload's output is not redirected here;
 #   * with a heartbeat limit (asset scope), a watchdog in the background cancels this job
@@ -299,11 +299,12 @@ cd -- "$__ds_job_dir" || {
 }
 
 # A second start of this job: Slurm requeued it (SLURM_RESTART_COUNT), or a controller that
-# lost its state started it again with the same id (only the start marker, created once per
-# job and step in the job directory, tells).
+# lost its state started it again with the same id (only the start marker tells: created
+# once per job and step next to this script's status file, so that another script started
+# in the same job, such as a promoted successor's, is a first start).
 __ds_restarted=""
 if [ "$__ds_mode" = slurm ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    __ds_start_marker="$__ds_job_dir/.started-${SLURM_JOB_ID}.${SLURM_STEP_ID:-batch}"
+    __ds_start_marker="$__ds_status_file.started-${SLURM_JOB_ID}.${SLURM_STEP_ID:-batch}"
     if ! ( set -o noclobber; : > "$__ds_start_marker" ) 2>/dev/null; then
         if [ -e "$__ds_start_marker" ]; then
             __ds_restarted="Slurm started this job a second time"
