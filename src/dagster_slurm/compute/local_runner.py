@@ -22,15 +22,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import PipesClientCompletedInvocation
+from dagster import OpExecutionContext, PipesClientCompletedInvocation
 
 from dagster_slurm.compute.process_exit import ExitWatch
+from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.errors import JobOutcome
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.logs import notable_stdout_sink
 from dagster_slurm.jobs.metrics import from_local
 from dagster_slurm.jobs.outcome import outcome_error
-from dagster_slurm.jobs.paths import InvocationPaths, step_identity
+from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
@@ -103,7 +104,7 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
         self.kill_grace = kill_grace
         self.activation = activation
 
-    def _prepare(self, context: Any, request: JobRequest) -> LocalJob:
+    def _prepare(self, context: OpExecutionContext, request: JobRequest) -> LocalJob:
         run_id, step_key = step_identity(context)
         paths = InvocationPaths.create(self.base, run_id, step_key)
         os.makedirs(paths.job_dir, exist_ok=True)

@@ -15,7 +15,12 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
-from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
+from dagster import (
+    ConfigurableResource,
+    InitResourceContext,
+    OpExecutionContext,
+    PipesClientCompletedInvocation,
+)
 from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.compute.hetjob import (
@@ -28,8 +33,9 @@ from dagster_slurm.compute.options import sbatch_overrides, validate_extras
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
+from dagster_slurm.jobs.contexts import ExecutionContext, op_context, step_identity
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
-from dagster_slurm.jobs.paths import InvocationPaths, step_identity
+from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
@@ -221,7 +227,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     # -- the API assets call ---------------------------------------------------------------
     def run(
         self,
-        context: Any,
+        context: ExecutionContext,
         payload_path: str,
         launcher: ComputeLauncher | None = None,
         extra_env: Mapping[str, str] | None = None,
@@ -229,8 +235,10 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         extra_slurm_opts: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
     ) -> PipesClientCompletedInvocation:
-        """Run ``payload_path`` for the current asset step and return the Pipes invocation.
+        """Run ``payload_path`` for the current step and return the Pipes invocation.
 
+        ``context``: the context Dagster passed to the asset, multi-asset, asset check or
+        op (also an op of a graph-backed asset); see :mod:`dagster_slurm.jobs.contexts`.
         ``payload_path``: a local ``.py``/``.sh`` file (uploaded to the job directory) or a
         command such as ``python -m pkg.module``. ``launcher``: overrides
         ``default_launcher``. ``extra_env``: variables exported for the payload (one
@@ -252,14 +260,15 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
         check_command("payload_path", payload_path)
-        session = self._check_scope(context, launcher, overrides, extra_slurm_opts)
+        op = op_context(context)  # the step's OpExecutionContext, whatever type it was given
+        session = self._check_scope(op, launcher, overrides, extra_slurm_opts)
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
         # -- dispatch ------------------------------------------------------------------------
-        return self._runner(session).run(context, request)
+        return self._runner(session).run(op, request)
 
     def run_hetjob(
         self,
-        context: Any,
+        context: ExecutionContext,
         components: Sequence[HetJobComponent | Mapping[str, Any]],
         payload_path: str,
         launcher: ComputeLauncher | None = None,
@@ -286,6 +295,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
         check_command("payload_path", payload_path)
+        op = op_context(context)
         if self.allocation_scope is SlurmAllocationScope.RUN:
             raise ConfigurationError(
                 "allocation_scope", self.allocation_scope.value,
@@ -293,13 +303,14 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 "allocation; use a ComputeResource with allocation_scope='asset' for it",
             )
         overrides = het_overrides(checked)
-        self._check_scope(context, launcher, overrides, None)
+        self._check_scope(op, launcher, overrides, None)
         if self.mode == "local":
             env = {**env, **local_component_env(checked)}
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
-        return self._runner(None).run(context, request)
+        return self._runner(None).run(op, request)
 
-    def _check_scope(self, context: Any, launcher: ComputeLauncher, overrides: Mapping[str, Any],
+    def _check_scope(self, context: OpExecutionContext, launcher: ComputeLauncher,
+                     overrides: Mapping[str, Any],
                      extra_slurm_opts: Mapping[str, Any] | None) -> RunSession | None:
         """Check the per-step scheduler overrides against the queue (and, in run scope,
         against the run allocation's shape); the same checks in local mode, so an asset
@@ -355,7 +366,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         ``session.allocation`` is the current :class:`~dagster_slurm.session.core.allocation.SlurmAllocation`
         (submitted, or attached to, on first access); ``session.execute_in_session(...)``
         runs a command as a step without Pipes. With ``start`` the allocation is made ready
-        now. Raises :class:`~dagster_slurm.errors.ConfigurationError` in another mode or scope.
+        now. ``context``: a context of the run, of any type (only its run, instance and log
+        are read; see :mod:`dagster_slurm.jobs.contexts`). Raises
+        :class:`~dagster_slurm.errors.ConfigurationError` in another mode or scope.
         """
         if self.mode != "slurm" or self.allocation_scope is not SlurmAllocationScope.RUN:
             raise ConfigurationError(
@@ -383,8 +396,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 session.ensure(step_log)
         return session
 
-    def cleanup_deferred_run_dir(self, context: Any) -> None:
-        """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step."""
+    def cleanup_deferred_run_dir(self, context: ExecutionContext) -> None:
+        """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step
+        (``context``: as for :meth:`run`)."""
 
         run_id, step_key = step_identity(context)
         if self.mode == "slurm" and self.allocation_scope is SlurmAllocationScope.RUN:
@@ -420,7 +434,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             finally:
                 self.slurm.release()
 
-    def _prepare_environment(self, context: Any) -> str | None:
+    def _prepare_environment(self, context: OpExecutionContext) -> str | None:
         """The activation script on the cluster; prepared once per process and settings
         (:func:`dagster_slurm.environment.prepare_environment` caches it)."""
 

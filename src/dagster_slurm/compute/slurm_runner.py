@@ -24,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import PipesClientCompletedInvocation
+from dagster import OpExecutionContext, PipesClientCompletedInvocation
 
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly
+from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.errors import JobOutcome, SlurmJobLost, SlurmSubmissionError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.jobs.final_accounting import (
@@ -38,7 +39,7 @@ from dagster_slurm.jobs.final_accounting import (
 )
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.outcome import outcome_error
-from dagster_slurm.jobs.paths import InvocationPaths, job_name_for, step_identity
+from dagster_slurm.jobs.paths import InvocationPaths, job_name_for
 from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker, nodes_of
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.jobs.signals import drain_signal_of
@@ -119,7 +120,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         self,
         slurm: SlurmResource,
         pending: PendingPolicy,
-        prepare_env: Callable[[Any], str | None],
+        prepare_env: Callable[[OpExecutionContext], str | None],
         *,
         poll_interval: float = 0.25,
         run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
@@ -138,7 +139,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         self.accounting_deadline = (ACCOUNTING_DEADLINE if accounting_deadline is None
                                     else accounting_deadline)
 
-    def _prepare(self, context: Any, request: JobRequest) -> SlurmJob:
+    def _prepare(self, context: OpExecutionContext, request: JobRequest) -> SlurmJob:
         scheduler = self.slurm.scheduler()
         run_id, step_key = step_identity(context)
         paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_slurm.errors import DagsterSlurmError
-from dagster_slurm.jobs.paths import run_id_of
+from dagster_slurm.jobs.contexts import run_id_of
 
 log = logging.getLogger("dagster_slurm.jobs")
 

@@ -1,14 +1,11 @@
-"""Where the files of one invocation live, the job name it gets, and whose run it is (pure)."""
+"""Where the files of one invocation live and the job name it gets (pure); the run and step
+they belong to are read from the context by :mod:`dagster_slurm.jobs.contexts`."""
 
 from __future__ import annotations
 
-import logging
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
-
-log = logging.getLogger("dagster_slurm.jobs")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -123,22 +120,3 @@ def job_name_for(run_id: str, step_key: str) -> str:
     """``dsl-<run id prefix>-<step>``: unique per run and step, valid as a Slurm job name."""
     return f"dsl-{safe_name(run_id, 8)}-{safe_name(step_key, 80)}"
 
-
-def step_identity(context: Any) -> tuple[str, str]:
-    """``(run_id, step_key)`` of an asset, op or asset-check execution context (read from
-    its step context: ``context.run_id`` is deprecated on asset contexts)."""
-    step = context.get_step_execution_context()
-    return step.run_id, step.step.key
-
-
-def run_id_of(context: Any) -> str | None:
-    """The run id of a Dagster execution or resource context (None outside a run)."""
-    try:
-        run = context.run
-        run_id = getattr(run, "run_id", None)
-        if isinstance(run_id, str):
-            return run_id
-    except Exception as exc:  # noqa: BLE001 - logged; the run id attribute is asked next
-        log.debug("context has no readable run (%s: %s); trying its run_id", type(exc).__name__, exc)
-    value = getattr(context, "run_id", None)
-    return value if isinstance(value, str) else None

@@ -4,6 +4,7 @@ In the style of Dagster's own Pipes clients: :meth:`PipesJobRunner.run` opens th
 session with the context injector and message reader the runner prepared, then calls the
 steps in order::
 
+    context = op_context(context)         # asset, asset-check or op context -> op context
     job = _prepare(context, request)      # paths, checks, reader; nothing started yet
     with open_pipes_session(context, job.injector, job.reader, extras=...) as pipes:
         handle = _start(job, pipes)       # write files, submit / request / spawn
@@ -33,8 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from dagster import PipesClientCompletedInvocation, open_pipes_session
+from dagster import OpExecutionContext, PipesClientCompletedInvocation, open_pipes_session
 
+from dagster_slurm.jobs.contexts import ExecutionContext, op_context
 from dagster_slurm.jobs.errors import SlurmJobUnschedulable
 from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.launchers.base import ComputeLauncher
@@ -64,12 +66,13 @@ class JobRequest:
 
 @dataclass
 class PreparedJob:
-    """What :meth:`PipesJobRunner._prepare` sets up for one call: the Dagster ``context``,
+    """What :meth:`PipesJobRunner._prepare` sets up for one call: the step's ``context``
+    (its :class:`~dagster.OpExecutionContext`, whatever context the step was given),
     the ``request``, and the Pipes ``injector`` (writes the context file the launcher points
     the payload at) and ``reader`` (tails the messages, stdout and stderr files) the session
     is opened with. Runners subclass it for their own fields."""
 
-    context: Any
+    context: OpExecutionContext
     request: JobRequest
     injector: PipesDeferredFileContextInjector
     reader: PipesTailMessageReader
@@ -87,15 +90,18 @@ class PipesJobRunner(ABC, Generic[JobT, HandleT, ResultT]):
     id, a step handle, a process); ``ResultT``: what ``_wait`` returns, handed to ``_outcome``.
     """
 
-    def run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
+    def run(self, context: ExecutionContext, request: JobRequest) -> PipesClientCompletedInvocation:
         """Run ``request`` for ``context``'s step through Dagster Pipes and return the
         completed invocation; raises the runner's typed error when the payload failed.
+        ``context``: an asset, multi-asset, asset-check or op context; the steps below get
+        its :class:`~dagster.OpExecutionContext` (:func:`~dagster_slurm.jobs.contexts.op_context`).
         Connection warnings meanwhile also go to the step's log
         (:func:`~dagster_slurm.jobs.run_log.step_log_relay`)."""
-        with step_log_relay(getattr(context, "log", None)):
-            return self._run(context, request)
+        op = op_context(context)
+        with step_log_relay(op.log):
+            return self._run(op, request)
 
-    def _run(self, context: Any, request: JobRequest) -> PipesClientCompletedInvocation:
+    def _run(self, context: OpExecutionContext, request: JobRequest) -> PipesClientCompletedInvocation:
         job = self._prepare(context, request)
         opens_pipes = request.launcher.payload_opens_pipes(request.payload_path)
         with (
@@ -127,7 +133,7 @@ class PipesJobRunner(ABC, Generic[JobT, HandleT, ResultT]):
         return None
 
     @abstractmethod
-    def _prepare(self, context: Any, request: JobRequest) -> JobT:
+    def _prepare(self, context: OpExecutionContext, request: JobRequest) -> JobT:
         """Paths, checks, the Pipes injector and reader; starts nothing."""
 
     @abstractmethod

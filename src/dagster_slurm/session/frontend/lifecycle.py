@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.contexts import run_id_of
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, RunFollower
-from dagster_slurm.jobs.paths import run_id_of
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.paths import session_digest

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.launchers.bash import BashLauncher
@@ -46,6 +47,8 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
     and ``estimate_worker_starts`` tell what candidate worker allocations would request and
     when the scheduler expects them to start. The
     allocation is cancelled at the run's teardown (see :mod:`dagster_slurm.session.frontend.lifecycle`).
+    Each method takes the context Dagster passed to the step, of any type (an asset,
+    multi-asset, asset-check or op context; see :mod:`dagster_slurm.jobs.contexts`).
 
     ``session_class`` (a class attribute, not configuration): the :class:`RunSession`
     subclass a resource subclass builds its sessions with, for site-specific allocations
@@ -205,7 +208,7 @@ class SlurmSessionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly
         """Run ``command`` as a step of the run's allocation; see
         :meth:`RunSession.execute_in_session`. ``name`` defaults to the step key."""
         if name is None:
-            name = context.get_step_execution_context().step.key
+            name = step_identity(context)[1]
         return self.get_session(context).execute_in_session(
             command, name=name, env=env, raise_on_error=raise_on_error,
             logger=getattr(context, "log", None),

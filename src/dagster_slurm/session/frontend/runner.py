@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dagster import PipesClientCompletedInvocation
+from dagster import OpExecutionContext, PipesClientCompletedInvocation
 
 from dagster_slurm.agent import exec_op, remove_op, tail_op
 from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
+from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.jobs.final_accounting import (
     ACCOUNTING_DEADLINE,
@@ -34,7 +35,7 @@ from dagster_slurm.jobs.final_accounting import (
 )
 from dagster_slurm.jobs.follow import DagsterRunEnded
 from dagster_slurm.jobs.metrics import SOURCE_SACCT, JobMetrics, from_step
-from dagster_slurm.jobs.paths import InvocationPaths, step_identity
+from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
@@ -123,7 +124,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         self.session = session
         self.poll_interval = poll_interval
 
-    def _prepare(self, context: Any, request: JobRequest) -> SessionStep:
+    def _prepare(self, context: OpExecutionContext, request: JobRequest) -> SessionStep:
         session = self.session
         run_id, step_key = step_identity(context)
         allocation = session.ensure(context.log)

@@ -18,8 +18,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from dagster_slurm.errors import DagsterSlurmError
+from dagster_slurm.jobs.contexts import run_id_of
 from dagster_slurm.jobs.logs import ProgressLog
-from dagster_slurm.jobs.paths import run_id_of
 
 if TYPE_CHECKING:
     from dagster_slurm.session.core.context import SessionContext
