@@ -15,9 +15,15 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, ClassVar, Literal
 
-from dagster import ConfigurableResource, InitResourceContext, PipesClientCompletedInvocation
+from dagster import (
+    AssetCheckExecutionContext,
+    ConfigurableResource,
+    InitResourceContext,
+    PipesClientCompletedInvocation,
+)
 from pydantic import Field, field_validator, model_validator
 
+from dagster_slurm.compute.asset_metadata import asset_environment, check_run_scope_environment
 from dagster_slurm.compute.hetjob import (
     HetJobComponent,
     check_components,
@@ -25,6 +31,7 @@ from dagster_slurm.compute.hetjob import (
     local_component_env,
 )
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
+from dagster_slurm.compute.run_config import SlurmRunConfig
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
@@ -40,6 +47,14 @@ from dagster_slurm.session.core.config import SlurmRunAllocationConfig, check_he
 from dagster_slurm.session.head.layout import RunLayout
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.exec_limits import check_command
+
+
+def pipes_context(context: Any) -> Any:
+    """The context Dagster Pipes runs a payload for: the op context of an asset check's
+    context (Pipes does not take an ``AssetCheckExecutionContext``), else ``context``."""
+    if isinstance(context, AssetCheckExecutionContext):
+        return context.op_execution_context
+    return context
 
 
 class SlurmAllocationScope(str, Enum):
@@ -228,6 +243,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         extras: Mapping[str, Any] | None = None,
         extra_slurm_opts: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
+        config: SlurmRunConfig | None = None,
     ) -> PipesClientCompletedInvocation:
         """Run ``payload_path`` for the current asset step and return the Pipes invocation.
 
@@ -239,23 +255,33 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         scheduler overrides (``nodes``, ``cpus_per_task``, ``mem``, ``gpus_per_node``,
         ``time_limit``, ``partition``, ...; checked in both modes, used in slurm mode).
         ``defer_cleanup``: keep the invocation's files until
-        :meth:`cleanup_deferred_run_dir`. Raises a
+        :meth:`cleanup_deferred_run_dir`. ``config``: the asset's
+        :class:`~dagster_slurm.compute.run_config.SlurmRunConfig` (None: none); with
+        ``skip_payload_upload`` a script already on the cluster runs in slurm mode. The
+        asset's metadata ``slurm_pre_deployed_env_path`` names an environment of its own
+        (:mod:`~dagster_slurm.compute.asset_metadata`). Raises a
         :class:`~dagster_slurm.jobs.errors.SlurmJobError` subclass when the job fails.
         """
         # -- validation: every argument, before anything is submitted or started --------
+        context = pipes_context(context)
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
+        if config is not None and not isinstance(config, SlurmRunConfig):
+            raise ConfigurationError("config", config, "must be a SlurmRunConfig (or a subclass of it)")
         env = validate_env(dict(extra_env or {}))
         validate_extras(extras)
         overrides = sbatch_overrides(extra_slurm_opts)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        if config is not None:
+            payload_path = config.payload_for(payload_path, slurm_mode=self.mode == "slurm")
         check_command("payload_path", payload_path)
+        env_path = self._asset_environment(context)
         session = self._check_scope(context, launcher, overrides, extra_slurm_opts)
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
         # -- dispatch ------------------------------------------------------------------------
-        return self._runner(session).run(context, request)
+        return self._runner(session, env_path).run(context, request)
 
     def run_hetjob(
         self,
@@ -277,6 +303,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         once here, the component variables naming ``localhost``. Not available with
         ``allocation_scope='run'``. See docs/hetjobs.md.
         """
+        context = pipes_context(context)
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
@@ -293,11 +320,20 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 "allocation; use a ComputeResource with allocation_scope='asset' for it",
             )
         overrides = het_overrides(checked)
+        env_path = self._asset_environment(context)
         self._check_scope(context, launcher, overrides, None)
         if self.mode == "local":
             env = {**env, **local_component_env(checked)}
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
-        return self._runner(None).run(context, request)
+        return self._runner(None, env_path).run(context, request)
+
+    def _asset_environment(self, context: Any) -> str | None:
+        """The step's own environment from its assets' metadata (None: the resource's
+        settings), checked against the scope; raises for a key that is not honoured."""
+        path = asset_environment(context)
+        if self.allocation_scope is SlurmAllocationScope.RUN:
+            check_run_scope_environment(path, self.pre_deployed_env_path)
+        return path
 
     def _check_scope(self, context: Any, launcher: ComputeLauncher, overrides: Mapping[str, Any],
                      extra_slurm_opts: Mapping[str, Any] | None) -> RunSession | None:
@@ -325,8 +361,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                         extra_slurm_opts)
         return None
 
-    def _runner(self, session: RunSession | None) -> PipesJobRunner:
-        """The runner for this mode and scope (``session``: the run's, in run scope)."""
+    def _runner(self, session: RunSession | None, env_path: str | None = None) -> PipesJobRunner:
+        """The runner for this mode and scope (``session``: the run's, in run scope;
+        ``env_path``: the step's own pre-deployed environment, None: the resource's)."""
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import LocalRunner
 
@@ -340,7 +377,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         from dagster_slurm.compute.slurm_runner import SlurmRunner
 
         assert self.slurm is not None
-        return SlurmRunner(self.slurm, self._pending_policy(), self._prepare_environment,
+        return SlurmRunner(self.slurm, self._pending_policy(),
+                           lambda context: self._prepare_environment(context, env_path),
                            poll_interval=self.pipes_poll_interval,
                            run_status_interval=self.run_status_interval,
                            heartbeat_timeout=self.heartbeat_timeout)
@@ -386,6 +424,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
     def cleanup_deferred_run_dir(self, context: Any) -> None:
         """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step."""
 
+        context = pipes_context(context)
         run_id, step_key = step_identity(context)
         if self.mode == "slurm" and self.allocation_scope is SlurmAllocationScope.RUN:
             self.get_run_allocation_session(context, start=False).cleanup_step(step_key)
@@ -420,8 +459,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             finally:
                 self.slurm.release()
 
-    def _prepare_environment(self, context: Any) -> str | None:
-        """The activation script on the cluster; prepared once per process and settings
+    def _prepare_environment(self, context: Any, env_path: str | None = None) -> str | None:
+        """The activation script on the cluster (of ``env_path``, a step's own pre-deployed
+        environment, when given); prepared once per process and settings
         (:func:`dagster_slurm.environment.prepare_environment` caches it)."""
 
-        return activation_for(self, context)
+        return activation_for(self, context, pre_deployed_env_path=env_path)
