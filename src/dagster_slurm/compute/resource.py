@@ -31,8 +31,9 @@ from dagster_slurm.compute.hetjob import (
     local_component_env,
 )
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
+from dagster_slurm.compute.published_fields import WITHDRAWN_FIELDS, published_mode
 from dagster_slurm.compute.run_config import SlurmRunConfig
-from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, WithdrawnField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
@@ -64,12 +65,19 @@ class SlurmAllocationScope(str, Enum):
     RUN = "run"
 
 
-class ComputeResource(ConfigurableResource, KnownFieldsOnly):
+class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     """Runs payloads for assets: ``mode="local"`` as subprocesses, ``mode="slurm"`` as Slurm jobs.
 
     The same asset code works in both modes: ``yield from compute.run(context=context,
     payload_path="script.py").get_results()``.
+
+    Keywords of the published package without a field here (``pack_on_remote``,
+    ``debug_mode``, ``session`` ...) are refused with what to write instead
+    (:data:`~dagster_slurm.compute.published_fields.WITHDRAWN_FIELDS`); ``session=None`` is
+    dropped with a deprecation warning.
     """
+
+    withdrawn_fields: ClassVar[tuple[WithdrawnField, ...]] = WITHDRAWN_FIELDS
 
     #: The :class:`RunSession` (sub)class of run-scoped sessions: a resource subclass sets
     #: it to use site-specific extension points (``make_allocation``,
@@ -180,6 +188,11 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         default=None,
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
     )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _published_mode(cls, value: object) -> object:
+        return published_mode(value)
 
     @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval",
                      "run_status_interval")
