@@ -30,6 +30,7 @@ REFERENCE_CLASSES: tuple[str, ...] = (
     "dagster_slurm.slurm.queue.SlurmQueueConfig",
     "dagster_slurm.resources.slurm.SlurmResource",
     "dagster_slurm.compute.resource.ComputeResource",
+    "dagster_slurm.compute.run_config.SlurmRunConfig",
     "dagster_slurm.launchers.bash.BashLauncher",
     "dagster_slurm.launchers.ray.RayLauncher",
     "dagster_slurm.launchers.ray_ports.RayPortConfig",

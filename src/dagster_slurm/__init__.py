@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "SchedulerError": "dagster_slurm.errors",
     "ComputeResource": "dagster_slurm.compute.resource",
     "SlurmAllocationScope": "dagster_slurm.compute.resource",
+    "SlurmRunConfig": "dagster_slurm.compute.run_config",
     "HetJobComponent": "dagster_slurm.compute.hetjob",
     "BashLauncher": "dagster_slurm.launchers.bash",
     "ComputeLauncher": "dagster_slurm.launchers.base",
@@ -112,6 +113,7 @@ __all__ = [
     "SlurmQueueConfig",
     "SlurmResource",
     "SlurmRunAllocationConfig",
+    "SlurmRunConfig",
     "SlurmScheduler",
     "SlurmSessionResource",
     "SlurmStepDrained",
@@ -137,6 +139,7 @@ if TYPE_CHECKING:
         ComputeResource,
         SlurmAllocationScope,
     )
+    from dagster_slurm.compute.run_config import SlurmRunConfig
     from dagster_slurm.errors import (
         CommandFailed,
         CommandTimeout,

@@ -23,6 +23,11 @@ fields: they are not in the configuration reference or in Dagster's config schem
 A Dagster resource with such names also lists :class:`PublishedNames` first among its
 bases, so that the configuration Dagster records (and rebuilds the resource from) holds the
 values under today's names.
+
+Names of the published package that have no equivalent here are listed in a class's
+``withdrawn_fields`` (:class:`WithdrawnField`): giving one is a :class:`WithdrawnFieldError`
+that says, for each such name given, what to write instead; a value that asks for what this
+library does anyway (``session=None``) is dropped with a :class:`DeprecationWarning` instead.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any, ClassVar
 import pydantic
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.errors import ConfigurationError, shown_value
 
 SUGGESTION_CUTOFF = 0.6
 """Least similarity (:class:`difflib.SequenceMatcher` ratio) for a name to be suggested."""
@@ -241,6 +246,79 @@ def accept_renamed_fields(model: type[BaseModel], data: Any) -> tuple[Any, list[
     return out, moved
 
 
+@dataclass(frozen=True)
+class WithdrawnField:
+    """A keyword of the published dagster-slurm 1.x package that is not a field here.
+
+    ``name``: the keyword. ``instead``: what to write instead, as the error shows it (a
+    sentence without a final full stop), or a function of the value given that returns it.
+    ``harmless``: tells whether a value asks for what this library does anyway
+    (``session=None``: no session); such a value is dropped with a
+    :class:`DeprecationWarning` that says to leave the keyword out and why nothing changes
+    (``harmless_note``). None: every value is refused.
+    """
+
+    name: str
+    instead: str | Callable[[Any], str]
+    harmless: Callable[[Any], bool] | None = None
+    harmless_note: str = ""
+
+    def advice(self, value: object) -> str:
+        """What to write instead of this keyword given ``value``."""
+        return self.instead(value) if callable(self.instead) else self.instead
+
+
+class WithdrawnFieldError(ConfigurationError):
+    """Keywords of the published package that have no equivalent in the class given them.
+
+    ``owner``: the class name; ``given``: ``(keyword, value, instead)`` for each such keyword
+    given, in sorted order (``field`` and ``value`` are those of the first). The message
+    names each keyword with its value and what to write instead, e.g.
+    ``ComputeResource: pack_on_remote=True is the published package's field, with no
+    equivalent here: environments are packed on this machine ...; remove pack_on_remote``.
+    """
+
+    def __init__(self, owner: str, given: Sequence[tuple[str, object, str]]) -> None:
+        self.owner = owner
+        self.given = tuple(given)
+        self.field, self.value, _ = self.given[0]
+        self.problem = "; ".join(
+            f"{name}={shown_value(value)} is the published package's field, with no "
+            f"equivalent here: {instead}"
+            for name, value, instead in self.given
+        )
+        Exception.__init__(self, f"{owner}: {self.problem}")
+
+
+def drop_withdrawn_fields(model: type[BaseModel], data: Any) -> Any:
+    """``data`` without the keywords of ``model.withdrawn_fields`` whose value is harmless
+    (one :class:`DeprecationWarning` each); raises :class:`WithdrawnFieldError` naming every
+    other withdrawn keyword given. Non-mapping ``data`` passes unchanged."""
+    withdrawn: Sequence[WithdrawnField] = getattr(model, "withdrawn_fields", ())
+    if not isinstance(data, Mapping) or not any(w.name in data for w in withdrawn):
+        return data
+    out = dict(data)
+    refused: list[tuple[str, object, str]] = []
+    for item in sorted(withdrawn, key=lambda w: w.name):
+        if item.name not in out:
+            continue
+        value = out[item.name]
+        if item.harmless is not None and item.harmless(value):
+            del out[item.name]
+            note = f" ({item.harmless_note})" if item.harmless_note else ""
+            warn_at_caller(
+                f"{model.__name__}({item.name}={value!r}) comes from the published "
+                f"dagster-slurm package; leave it out{note}. It is accepted for now and "
+                "will be refused in a later release",
+                DeprecationWarning,
+            )
+        else:
+            refused.append((item.name, value, item.advice(value)))
+    if refused:
+        raise WithdrawnFieldError(model.__name__, refused)
+    return out
+
+
 def _problem(detail: Mapping[str, Any], leaf: str) -> tuple[str, ConfigurationError | None]:
     cause = (detail.get("ctx") or {}).get("error")
     if isinstance(cause, ConfigurationError):
@@ -278,17 +356,19 @@ def _as_validation_error(model: type[BaseModel], data: Mapping[str, Any],
 
 
 class PublishedNames:
-    """Mixin, listed first, for Dagster resources whose ``renamed_fields`` hold names of the
-    published package: the names are moved before Dagster's constructor records the
-    resource's configuration (it keeps only the keywords given, by their field names, so a
-    value under an old name would otherwise be lost when Dagster rebuilds the resource).
-    Errors are those of :class:`KnownFieldsOnly`, in a ``ValidationError``.
+    """Mixin, listed first, for Dagster resources whose ``renamed_fields`` or
+    ``withdrawn_fields`` hold names of the published package: the names are moved (or
+    dropped) before Dagster's constructor records the resource's configuration (it keeps
+    only the keywords given, by their field names, so a value under an old name would
+    otherwise be lost when Dagster rebuilds the resource). Errors are those of
+    :class:`KnownFieldsOnly`, in a ``ValidationError``.
     """
 
     def __init__(self, **data: Any) -> None:
         model = type(self)
         try:
             renamed, moved = accept_renamed_fields(model, data)  # type: ignore[arg-type]
+            renamed = drop_withdrawn_fields(model, renamed)  # type: ignore[arg-type]
         except ConfigurationError as error:
             raise _as_validation_error(model, data, error) from None  # type: ignore[arg-type]
         try:
@@ -305,17 +385,20 @@ class KnownFieldsOnly(BaseModel):
 
     List it after the Dagster base class: ``class X(Config, KnownFieldsOnly)``. A class
     lists the published package's names it still accepts in ``renamed_fields`` (a class
-    attribute, not configuration; see :class:`RenamedField`).
+    attribute, not configuration; see :class:`RenamedField`) and those it refuses with
+    advice in ``withdrawn_fields`` (see :class:`WithdrawnField`).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     renamed_fields: ClassVar[tuple[RenamedField, ...]] = ()
+    withdrawn_fields: ClassVar[tuple[WithdrawnField, ...]] = ()
 
     @model_validator(mode="wrap")
     @classmethod
     def _refuse_unknown_fields(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
         data, moved = accept_renamed_fields(cls, data)
+        data = drop_withdrawn_fields(cls, data)
         data = refuse_unknown_fields(cls, data)
         if not moved:
             return handler(data)

@@ -251,7 +251,7 @@ def test_from_env_refuses_a_published_variable_next_to_ours(extra, old, new) -> 
     ("SLURM_TIME", "soon", "is not a Slurm time"),
     ("SLURM_CPUS", "four", "whole number"),
     ("SLURM_MEM", "lots", ""),
-    ("SLURM_REMOTE_BASE", "$HOME/runs", "absolute path"),
+    ("SLURM_REMOTE_BASE", "dagster_runs", "absolute path"),
 ])
 def test_from_env_names_the_variable_of_a_bad_value(name: str, value: str, text: str) -> None:
     with warnings.catch_warnings():

@@ -23,6 +23,7 @@ from dagster import (
 )
 from pydantic import Field, field_validator, model_validator
 
+from dagster_slurm.compute.asset_metadata import asset_environment, check_run_scope_environment
 from dagster_slurm.compute.hetjob import (
     HetJobComponent,
     check_components,
@@ -30,7 +31,9 @@ from dagster_slurm.compute.hetjob import (
     local_component_env,
 )
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
-from dagster_slurm.config_errors import KnownFieldsOnly
+from dagster_slurm.compute.published_fields import WITHDRAWN_FIELDS, published_mode
+from dagster_slurm.compute.run_config import SlurmRunConfig
+from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, WithdrawnField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
 from dagster_slurm.jobs.contexts import ExecutionContext, op_context, step_identity
@@ -55,12 +58,19 @@ class SlurmAllocationScope(str, Enum):
     RUN = "run"
 
 
-class ComputeResource(ConfigurableResource, KnownFieldsOnly):
+class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     """Runs payloads for assets: ``mode="local"`` as subprocesses, ``mode="slurm"`` as Slurm jobs.
 
     The same asset code works in both modes: ``yield from compute.run(context=context,
     payload_path="script.py").get_results()``.
+
+    Keywords of the published package without a field here (``pack_on_remote``,
+    ``debug_mode``, ``session`` ...) are refused with what to write instead
+    (:data:`~dagster_slurm.compute.published_fields.WITHDRAWN_FIELDS`); ``session=None`` is
+    dropped with a deprecation warning.
     """
+
+    withdrawn_fields: ClassVar[tuple[WithdrawnField, ...]] = WITHDRAWN_FIELDS
 
     #: The :class:`RunSession` (sub)class of run-scoped sessions: a resource subclass sets
     #: it to use site-specific extension points (``make_allocation``,
@@ -172,6 +182,11 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
     )
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _published_mode(cls, value: object) -> object:
+        return published_mode(value)
+
     @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval",
                      "run_status_interval")
     @classmethod
@@ -234,6 +249,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         extras: Mapping[str, Any] | None = None,
         extra_slurm_opts: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
+        config: SlurmRunConfig | None = None,
     ) -> PipesClientCompletedInvocation:
         """Run ``payload_path`` for the current step and return the Pipes invocation.
 
@@ -247,24 +263,33 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         scheduler overrides (``nodes``, ``cpus_per_task``, ``mem``, ``gpus_per_node``,
         ``time_limit``, ``partition``, ...; checked in both modes, used in slurm mode).
         ``defer_cleanup``: keep the invocation's files until
-        :meth:`cleanup_deferred_run_dir`. Raises a
+        :meth:`cleanup_deferred_run_dir`. ``config``: the asset's
+        :class:`~dagster_slurm.compute.run_config.SlurmRunConfig` (None: none); with
+        ``skip_payload_upload`` a script already on the cluster runs in slurm mode. The
+        asset's metadata ``slurm_pre_deployed_env_path`` names an environment of its own
+        (:mod:`~dagster_slurm.compute.asset_metadata`). Raises a
         :class:`~dagster_slurm.jobs.errors.SlurmJobError` subclass when the job fails.
         """
         # -- validation: every argument, before anything is submitted or started --------
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
+        if config is not None and not isinstance(config, SlurmRunConfig):
+            raise ConfigurationError("config", config, "must be a SlurmRunConfig (or a subclass of it)")
         env = validate_env(dict(extra_env or {}))
         validate_extras(extras)
         overrides = sbatch_overrides(extra_slurm_opts)
         if not payload_path or not payload_path.strip():
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
+        if config is not None:
+            payload_path = config.payload_for(payload_path, slurm_mode=self.mode == "slurm")
         check_command("payload_path", payload_path)
         op = op_context(context)  # the step's OpExecutionContext, whatever type it was given
+        env_path = self._asset_environment(op)
         session = self._check_scope(op, launcher, overrides, extra_slurm_opts)
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
         # -- dispatch ------------------------------------------------------------------------
-        return self._runner(session).run(op, request)
+        return self._runner(session, env_path).run(op, request)
 
     def run_hetjob(
         self,
@@ -303,11 +328,20 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                 "allocation; use a ComputeResource with allocation_scope='asset' for it",
             )
         overrides = het_overrides(checked)
+        env_path = self._asset_environment(op)
         self._check_scope(op, launcher, overrides, None)
         if self.mode == "local":
             env = {**env, **local_component_env(checked)}
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
-        return self._runner(None).run(op, request)
+        return self._runner(None, env_path).run(op, request)
+
+    def _asset_environment(self, context: Any) -> str | None:
+        """The step's own environment from its assets' metadata (None: the resource's
+        settings), checked against the scope; raises for a key that is not honoured."""
+        path = asset_environment(context)
+        if self.allocation_scope is SlurmAllocationScope.RUN:
+            check_run_scope_environment(path, self.pre_deployed_env_path)
+        return path
 
     def _check_scope(self, context: OpExecutionContext, launcher: ComputeLauncher,
                      overrides: Mapping[str, Any],
@@ -336,8 +370,9 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
                         extra_slurm_opts)
         return None
 
-    def _runner(self, session: RunSession | None) -> PipesJobRunner:
-        """The runner for this mode and scope (``session``: the run's, in run scope)."""
+    def _runner(self, session: RunSession | None, env_path: str | None = None) -> PipesJobRunner:
+        """The runner for this mode and scope (``session``: the run's, in run scope;
+        ``env_path``: the step's own pre-deployed environment, None: the resource's)."""
         if self.mode == "local":
             from dagster_slurm.compute.local_runner import LocalRunner
 
@@ -351,7 +386,8 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         from dagster_slurm.compute.slurm_runner import SlurmRunner
 
         assert self.slurm is not None
-        return SlurmRunner(self.slurm, self._pending_policy(), self._prepare_environment,
+        return SlurmRunner(self.slurm, self._pending_policy(),
+                           lambda context: self._prepare_environment(context, env_path),
                            poll_interval=self.pipes_poll_interval,
                            run_status_interval=self.run_status_interval,
                            heartbeat_timeout=self.heartbeat_timeout)
@@ -434,8 +470,10 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             finally:
                 self.slurm.release()
 
-    def _prepare_environment(self, context: OpExecutionContext) -> str | None:
-        """The activation script on the cluster; prepared once per process and settings
+    def _prepare_environment(self, context: OpExecutionContext,
+                             env_path: str | None = None) -> str | None:
+        """The activation script on the cluster (of ``env_path``, a step's own pre-deployed
+        environment, when given); prepared once per process and settings
         (:func:`dagster_slurm.environment.prepare_environment` caches it)."""
 
-        return activation_for(self, context)
+        return activation_for(self, context, pre_deployed_env_path=env_path)

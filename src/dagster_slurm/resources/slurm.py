@@ -3,12 +3,15 @@
 The resource holds configuration only. :meth:`SlurmResource.scheduler` returns the
 process-wide :class:`~dagster_slurm.scheduler.client.SlurmScheduler` for these settings,
 built on the shared SSH connection and the cluster-side agent installed under
-``remote_base``.
+``remote_base``. A ``remote_base`` starting with ``$HOME/`` or ``~/`` is resolved against
+the login user's home on the cluster when the connection is first made
+(:meth:`SlurmResource.base_path`).
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import threading
 from collections.abc import Mapping
 
@@ -22,6 +25,10 @@ from dagster_slurm.resources import published_env
 from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.scheduler.client import SlurmScheduler
 from dagster_slurm.slurm.queue import SlurmQueueConfig
+
+#: How a ``remote_base`` may name the login user's home on the cluster (followed by ``/``
+#: and the rest of the path, or alone).
+HOME_PREFIXES: tuple[str, ...] = ("$HOME", "${HOME}", "~")
 
 _CACHE: dict[tuple, tuple[str, SlurmScheduler]] = {}
 _USERS: dict[tuple, int] = {}
@@ -39,9 +46,10 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
     remote_base: str | None = Field(
         default=None,
         description=(
-            "Absolute directory on the cluster's shared filesystem for the library's files "
-            "(cluster-side program, job directories, session state). None: $HOME/dagster-slurm "
-            "of the login user, looked up once per process."
+            "Directory on the cluster's shared filesystem for the library's files "
+            "(cluster-side program, job directories, session state): an absolute path, or "
+            "one starting with $HOME/, ${HOME}/ or ~/ for the login user's home on the "
+            "cluster (looked up once per process, when connecting). None: $HOME/dagster-slurm."
         ),
     )
     python: str = Field(
@@ -67,11 +75,22 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
     @field_validator("remote_base")
     @classmethod
     def _check_base(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
+        if value is None:
+            return value
+        rest = value if value.startswith("/") else home_relative(value)
+        if rest is not None and "$" in rest:
             raise ValueError(
-                f"remote_base={value!r}: must be an absolute path on the cluster (no '~')"
+                f"remote_base={value!r}: variables are not expanded here, only a leading "
+                "$HOME/ or ~/ (the login user's home on the cluster); write the absolute "
+                "path the variable stands for"
             )
-        return value
+        if rest is not None:
+            return value
+        raise ValueError(
+            f"remote_base={value!r}: must be an absolute path on the cluster, or start with "
+            "$HOME/ or ~/ (the login user's home there); no other variable or ~user is "
+            "expanded, so write the absolute path it stands for"
+        )
 
     @field_validator("submit_interval", "status_max_age")
     @classmethod
@@ -114,7 +133,9 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
             raise in_given_words(error, [Moved(variable, ("remote_base",), base)]) from None
 
     def base_path(self) -> str:
-        """``remote_base``, or ``$HOME/dagster-slurm`` of the login user (one lookup per process)."""
+        """The deployment base path: ``remote_base`` with a leading ``$HOME``/``~`` replaced
+        by the login user's home on the cluster, or ``$HOME/dagster-slurm`` when it is None
+        (the home is looked up once per process, when connecting)."""
         return self._runtime()[0]
 
     def scheduler(self) -> SlurmScheduler:
@@ -163,7 +184,11 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
             if cached is not None:
                 return cached
         transport = self.ssh.get_transport()
-        base = self.remote_base or _remote_home(transport) + "/dagster-slurm"
+        base = self.remote_base or "$HOME/dagster-slurm"
+        rest = home_relative(base)
+        if rest is not None:
+            home = _remote_home(transport)
+            base = posixpath.join(home, rest).rstrip("/") if rest else home
         scheduler = SlurmScheduler(
             AgentClient(transport, base, self.python, persistent=True),
             submit_interval=self.submit_interval,
@@ -172,6 +197,19 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         )
         with _CACHE_LOCK:
             return _CACHE.setdefault(key, (base, scheduler))
+
+
+def home_relative(path: str) -> str | None:
+    """The part of ``path`` below the login user's home when it starts with one of
+    :data:`HOME_PREFIXES` (``"dagster_runs"`` for ``"$HOME/dagster_runs"``, ``""`` for
+    ``"~"`` alone); None when it does not (an absolute path, ``"~alice/x"``,
+    ``"$HOMEDIR/x"``)."""
+    for prefix in HOME_PREFIXES:
+        if path == prefix:
+            return ""
+        if path.startswith(prefix + "/"):
+            return path[len(prefix) + 1:].lstrip("/")
+    return None
 
 
 def _remote_home(transport) -> str:  # noqa: ANN001 - any Transport
