@@ -25,6 +25,8 @@ from dagster_slurm.compute.hetjob import (
     local_component_env,
 )
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
+from dagster_slurm.compute.pipes_client import ComputePipesClient
+from dagster_slurm.compute.published_run import published_run, refuse_published_hetjob
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
@@ -165,6 +167,16 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         default=None,
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
     )
+    published_metadata_keys: bool = Field(
+        default=False,
+        description=(
+            "Also attach the job's figures under the published dagster-slurm package's "
+            "metadata keys (slurm_job_id, node_hours, cpu_efficiency_pct, max_memory_mb, "
+            "slurm_gpu_*, ...), besides the dagster_slurm/* keys, for dashboards and sensors "
+            "that read those; in slurm mode only, each key only when its figure is known. "
+            "False: only the dagster_slurm/* keys (a call's slurm_metrics still selects some)."
+        ),
+    )
 
     @field_validator("pending_grace_seconds", "pending_log_interval", "pipes_poll_interval",
                      "run_status_interval")
@@ -228,6 +240,7 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         extras: Mapping[str, Any] | None = None,
         extra_slurm_opts: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
+        **published: Any,
     ) -> PipesClientCompletedInvocation:
         """Run ``payload_path`` for the current asset step and return the Pipes invocation.
 
@@ -239,10 +252,16 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         scheduler overrides (``nodes``, ``cpus_per_task``, ``mem``, ``gpus_per_node``,
         ``time_limit``, ``partition``, ...; checked in both modes, used in slurm mode).
         ``defer_cleanup``: keep the invocation's files until
-        :meth:`cleanup_deferred_run_dir`. Raises a
+        :meth:`cleanup_deferred_run_dir`. ``published``: keywords of the published
+        package's call form (``slurm_metrics``, ``skip_payload_upload``, ...), supported or
+        refused naming the replacement (:mod:`dagster_slurm.compute.published_run`). Raises a
         :class:`~dagster_slurm.jobs.errors.SlurmJobError` subclass when the job fails.
         """
         # -- validation: every argument, before anything is submitted or started --------
+        call = published_run(published, mode=self.mode, payload_path=payload_path,
+                             pre_deployed_env_path=self.pre_deployed_env_path,
+                             published_metadata_keys=self.published_metadata_keys)
+        payload_path = call.payload_path
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
@@ -253,19 +272,21 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
             raise ConfigurationError("payload_path", payload_path, "must name a script or a command")
         check_command("payload_path", payload_path)
         session = self._check_scope(context, launcher, overrides, extra_slurm_opts)
-        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
+        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup,
+                             call.published_metrics)
         # -- dispatch ------------------------------------------------------------------------
         return self._runner(session).run(context, request)
 
     def run_hetjob(
         self,
         context: Any,
-        components: Sequence[HetJobComponent | Mapping[str, Any]],
-        payload_path: str,
+        components: Sequence[HetJobComponent | Mapping[str, Any]] | None = None,
+        payload_path: str | None = None,
         launcher: ComputeLauncher | None = None,
         extra_env: Mapping[str, str] | None = None,
         extras: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
+        **published: Any,
     ) -> PipesClientCompletedInvocation:
         """Experimental: run ``payload_path`` as one Slurm heterogeneous job whose
         ``components`` (two or more :class:`~dagster_slurm.compute.hetjob.HetJobComponent`,
@@ -275,8 +296,13 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         components); ``srun --het-group=<n>`` starts work on component ``n``. The other
         arguments and the result are those of :meth:`run`. In local mode the payload runs
         once here, the component variables naming ``localhost``. Not available with
-        ``allocation_scope='run'``. See docs/hetjobs.md.
+        ``allocation_scope='run'``. See docs/hetjobs.md. The published package's form
+        (``assets=``, ``launchers=``) is refused with a message that shows this one.
         """
+        refuse_published_hetjob(components, published)
+        call = published_run({}, mode=self.mode, payload_path=payload_path or "",
+                             pre_deployed_env_path=self.pre_deployed_env_path,
+                             published_metadata_keys=self.published_metadata_keys)
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
@@ -296,8 +322,16 @@ class ComputeResource(ConfigurableResource, KnownFieldsOnly):
         self._check_scope(context, launcher, overrides, None)
         if self.mode == "local":
             env = {**env, **local_component_env(checked)}
-        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
+        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup,
+                             call.published_metrics)
         return self._runner(None).run(context, request)
+
+    def get_pipes_client(self, context: Any = None,
+                         launcher: ComputeLauncher | None = None) -> ComputePipesClient:
+        """A Dagster ``PipesClient`` whose ``run(context=..., payload_path=..., ...)`` is this
+        resource's :meth:`run` with ``launcher`` (None: ``default_launcher``); the
+        published package's method of the same name. ``context`` is not used."""
+        return ComputePipesClient(self, launcher)
 
     def _check_scope(self, context: Any, launcher: ComputeLauncher, overrides: Mapping[str, Any],
                      extra_slurm_opts: Mapping[str, Any] | None) -> RunSession | None:
