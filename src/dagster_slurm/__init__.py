@@ -29,6 +29,10 @@ _EXPORTS: dict[str, str] = {
     "ComputeResource": "dagster_slurm.compute.resource",
     "SlurmAllocationScope": "dagster_slurm.compute.resource",
     "SlurmRunConfig": "dagster_slurm.compute.run_config",
+    "ComputePipesClient": "dagster_slurm.compute.pipes_client",
+    "LocalPipesClient": "dagster_slurm.compute.published_clients",
+    "SlurmPipesClient": "dagster_slurm.compute.published_clients",
+    "SlurmMetric": "dagster_slurm.jobs.published_metadata",
     "HetJobComponent": "dagster_slurm.compute.hetjob",
     "BashLauncher": "dagster_slurm.launchers.bash",
     "ComputeLauncher": "dagster_slurm.launchers.base",
@@ -78,6 +82,7 @@ __all__ = [
     "CommandFailed",
     "CommandTimeout",
     "ComputeLauncher",
+    "ComputePipesClient",
     "ComputeResource",
     "ConfigurationError",
     "DagsterRunEnded",
@@ -86,6 +91,7 @@ __all__ = [
     "HostKeyError",
     "JobState",
     "JobWatcher",
+    "LocalPipesClient",
     "LockTimeout",
     "RayLauncher",
     "RayPortConfig",
@@ -109,7 +115,9 @@ __all__ = [
     "SlurmJobRequeued",
     "SlurmJobTimeout",
     "SlurmJobUnschedulable",
+    "SlurmMetric",
     "SlurmNodeFailure",
+    "SlurmPipesClient",
     "SlurmQueueConfig",
     "SlurmResource",
     "SlurmRunAllocationConfig",
@@ -135,6 +143,8 @@ __all__ = [
 
 if TYPE_CHECKING:
     from dagster_slurm.compute.hetjob import HetJobComponent
+    from dagster_slurm.compute.pipes_client import ComputePipesClient
+    from dagster_slurm.compute.published_clients import LocalPipesClient, SlurmPipesClient
     from dagster_slurm.compute.resource import (
         ComputeResource,
         SlurmAllocationScope,
@@ -164,6 +174,7 @@ if TYPE_CHECKING:
         SlurmSubmissionError,
     )
     from dagster_slurm.jobs.follow import DagsterRunEnded
+    from dagster_slurm.jobs.published_metadata import SlurmMetric
     from dagster_slurm.launchers.base import ComputeLauncher
     from dagster_slurm.launchers.bash import BashLauncher
     from dagster_slurm.launchers.ray import RayLauncher
@@ -194,7 +205,23 @@ if TYPE_CHECKING:
     from dagster_slurm.slurm.states import JobState
 
 
+#: Names the published dagster-slurm package exported that have no counterpart here, with
+#: what to use instead; importing one raises ImportError with that text.
+_NOT_PROVIDED: dict[str, str] = {
+    name: (
+        f"{name} is a name of the published dagster-slurm package: there are no metric "
+        "callbacks (compute.run(metrics_collector=...)) here. The job's accounting figures "
+        "are attached as metadata (dagster_slurm/*, and the published names with "
+        "ComputeResource(published_metadata_keys=True) or compute.run(slurm_metrics=...)); "
+        "report further figures from the payload through Dagster Pipes"
+    )
+    for name in ("SlurmMetricsContext", "SlurmMetricsCallback")
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _NOT_PROVIDED:
+        raise ImportError(_NOT_PROVIDED[name], name="dagster_slurm")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'dagster_slurm' has no attribute {name!r}")

@@ -13,6 +13,11 @@ The error is a :class:`UnknownFieldError`, a
 :class:`~dagster_slurm.errors.ConfigurationError`; pydantic reports it inside a
 ``ValidationError`` whose text carries the message and the location of the nested object.
 
+Names of the published package that a class does not have at all, but that user code
+written for that package may still pass, are listed in its ``removed_fields`` (name -> what
+to use instead): such a name is refused with a :class:`RemovedFieldError` that gives the
+replacement rather than a spelling suggestion.
+
 Names of the published dagster-slurm 1.x package that a class still accepts are listed in
 its ``renamed_fields`` (:class:`RenamedField`): the value moves to the field of today's name
 (``known_hosts_file`` to ``known_hosts_path``, ``time_limit`` to
@@ -48,15 +53,29 @@ from dagster_slurm.errors import ConfigurationError, shown_value
 SUGGESTION_CUTOFF = 0.6
 """Least similarity (:class:`difflib.SequenceMatcher` ratio) for a name to be suggested."""
 
+WHOLE_WORD_BONUS = 0.1
+"""Added to the similarity of a known name that has the unknown name as a whole word."""
+
 
 def closest_name(name: str, known: Iterable[str]) -> str | None:
     """The name in ``known`` most similar to ``name``; None when none is similar enough.
 
-    Case is ignored when comparing, so ``Mode`` suggests ``mode``.
+    Case is ignored when comparing, so ``Mode`` suggests ``mode``. Similarity is
+    :class:`difflib.SequenceMatcher`'s ratio, with :data:`WHOLE_WORD_BONUS` added for a
+    known name that has ``name`` as one of its ``_``-separated words, so ``nodes`` suggests
+    ``num_nodes`` rather than ``nodelist``.
     """
     by_lower = {candidate.lower(): candidate for candidate in sorted(known)}
-    matches = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=SUGGESTION_CUTOFF)
-    return by_lower[matches[0]] if matches else None
+    wanted = name.lower()
+    best: tuple[float, str] | None = None
+    for candidate in by_lower:
+        ratio = difflib.SequenceMatcher(None, wanted, candidate).ratio()
+        if ratio < SUGGESTION_CUTOFF:
+            continue
+        score = ratio + (WHOLE_WORD_BONUS if wanted in candidate.split("_") else 0.0)
+        if best is None or score > best[0]:
+            best = (score, candidate)
+    return by_lower[best[1]] if best is not None else None
 
 
 def unknown_name_problem(name: str, known: Iterable[str], *, what: str = "field") -> str:
@@ -94,6 +113,19 @@ class UnknownFieldError(ConfigurationError):
         Exception.__init__(self, f"{owner}: {self.problem}")
 
 
+class RemovedFieldError(ConfigurationError):
+    """A keyword of the published dagster-slurm package that the class it was given to
+    does not have (see ``removed_fields``). ``field``, ``value`` as given, ``owner`` the
+    class name; the message leads with the class and says what to use instead."""
+
+    def __init__(self, owner: str, field: str, value: object, advice: str) -> None:
+        self.owner = owner
+        self.field = field
+        self.value = value
+        self.problem = f"{field} is a field of the published dagster-slurm package, not here: {advice}"
+        Exception.__init__(self, f"{owner}: {self.problem}")
+
+
 def accepted_names(model: type[BaseModel]) -> set[str]:
     """The keywords ``model`` accepts: its field names and their aliases."""
     names: set[str] = set()
@@ -114,6 +146,10 @@ def refuse_unknown_fields(model: type[BaseModel], data: Any) -> Any:
         return data
     known = accepted_names(model)
     unknown = sorted((key for key in data if key not in known), key=str)
+    removed: Mapping[str, str] = getattr(model, "removed_fields", {})
+    for key in unknown:
+        if key in removed:
+            raise RemovedFieldError(model.__name__, str(key), data[key], removed[key])
     if unknown:
         first = unknown[0]
         raise UnknownFieldError(
@@ -364,9 +400,17 @@ class PublishedNames:
     :class:`KnownFieldsOnly`, in a ``ValidationError``.
     """
 
+    @classmethod
+    def move_published_values(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Hook for published values that are not a plain rename (an option inside a list
+        that sets a field of its own): ``data`` with them moved to today's fields; raises
+        :class:`ConfigurationError` for one that cannot be moved. Default: unchanged."""
+        return data
+
     def __init__(self, **data: Any) -> None:
         model = type(self)
         try:
+            data = self.move_published_values(dict(data))
             renamed, moved = accept_renamed_fields(model, data)  # type: ignore[arg-type]
             renamed = drop_withdrawn_fields(model, renamed)  # type: ignore[arg-type]
         except ConfigurationError as error:
@@ -385,14 +429,16 @@ class KnownFieldsOnly(BaseModel):
 
     List it after the Dagster base class: ``class X(Config, KnownFieldsOnly)``. A class
     lists the published package's names it still accepts in ``renamed_fields`` (a class
-    attribute, not configuration; see :class:`RenamedField`) and those it refuses with
-    advice in ``withdrawn_fields`` (see :class:`WithdrawnField`).
+    attribute, not configuration; see :class:`RenamedField`), those it refuses with
+    advice in ``withdrawn_fields`` (see :class:`WithdrawnField`) and those it refuses with
+    advice in ``removed_fields`` (name -> what to use instead).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     renamed_fields: ClassVar[tuple[RenamedField, ...]] = ()
     withdrawn_fields: ClassVar[tuple[WithdrawnField, ...]] = ()
+    removed_fields: ClassVar[Mapping[str, str]] = {}
 
     @model_validator(mode="wrap")
     @classmethod

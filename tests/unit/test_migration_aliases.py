@@ -67,7 +67,7 @@ ALIASES: dict[str, tuple[Callable[..., Any], str, str, Callable[[Any], Any], obj
         for name, value in {
             "time_limit": "01:00:00", "partition": "batch", "qos": "normal", "account": "proj",
             "reservation": "res1", "mem": "8G", "mem_per_cpu": "2G", "cpus_per_task": 4,
-            "gpus_per_node": 1, "signal_before_timeout": "USR1@120",
+            "gpus_per_node": 1, "signal_before_timeout": "USR1@120", "nodelist": "gpu-[01-02]",
         }.items()
     },
 }

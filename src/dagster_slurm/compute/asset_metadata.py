@@ -134,3 +134,13 @@ def check_run_scope_environment(asset_path: str | None, resource_path: str | Non
         "a ComputeResource with allocation_scope='asset' for an environment of its own, or "
         "set the same pre_deployed_env_path on the run-scope resource",
     )
+
+
+def step_environment(context: Any, *, run_scope: bool, resource_path: str | None) -> str | None:
+    """The step's own pre-deployed environment from its assets' metadata
+    (:func:`asset_environment`; None: the resource's settings apply), refused in run scope
+    when it is not the resource's ``resource_path`` (:func:`check_run_scope_environment`)."""
+    path = asset_environment(context)
+    if run_scope:
+        check_run_scope_environment(path, resource_path)
+    return path

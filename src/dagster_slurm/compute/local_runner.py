@@ -32,6 +32,7 @@ from dagster_slurm.jobs.logs import notable_stdout_sink
 from dagster_slurm.jobs.metrics import from_local
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths
+from dagster_slurm.jobs.published_metadata import invocation_metadata
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
@@ -185,7 +186,8 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
         if error is not None:
             raise error
         metrics = from_local(job_id, code, result.elapsed, result.cpu, result.rss)
-        return PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
+        return PipesClientCompletedInvocation(
+            pipes, metadata=invocation_metadata(metrics, job.request.published_metrics))
 
 
 def _current_environment_path() -> dict[str, str]:

@@ -10,7 +10,6 @@ share the template :class:`~dagster_slurm.jobs.runner.PipesJobRunner`:
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any, ClassVar, Literal
@@ -23,7 +22,7 @@ from dagster import (
 )
 from pydantic import Field, field_validator, model_validator
 
-from dagster_slurm.compute.asset_metadata import asset_environment, check_run_scope_environment
+from dagster_slurm.compute.asset_metadata import step_environment
 from dagster_slurm.compute.hetjob import (
     HetJobComponent,
     check_components,
@@ -31,14 +30,15 @@ from dagster_slurm.compute.hetjob import (
     local_component_env,
 )
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
+from dagster_slurm.compute.pipes_client import ComputePipesClient
 from dagster_slurm.compute.published_fields import WITHDRAWN_FIELDS, published_mode
+from dagster_slurm.compute.published_run import published_run, refuse_published_hetjob
 from dagster_slurm.compute.run_config import SlurmRunConfig
 from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, WithdrawnField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
-from dagster_slurm.jobs.contexts import ExecutionContext, op_context, step_identity
+from dagster_slurm.jobs.contexts import ExecutionContext, op_context
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
-from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
@@ -181,6 +181,16 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         default=None,
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
     )
+    published_metadata_keys: bool = Field(
+        default=False,
+        description=(
+            "Also attach the job's figures under the published dagster-slurm package's "
+            "metadata keys (slurm_job_id, node_hours, cpu_efficiency_pct, max_memory_mb, "
+            "slurm_gpu_*, ...), besides the dagster_slurm/* keys, for dashboards and sensors "
+            "that read those; in slurm mode only, each key only when its figure is known. "
+            "False: only the dagster_slurm/* keys (a call's slurm_metrics still selects some)."
+        ),
+    )
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -250,6 +260,7 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         extra_slurm_opts: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
         config: SlurmRunConfig | None = None,
+        **published: Any,
     ) -> PipesClientCompletedInvocation:
         """Run ``payload_path`` for the current step and return the Pipes invocation.
 
@@ -267,10 +278,16 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         :class:`~dagster_slurm.compute.run_config.SlurmRunConfig` (None: none); with
         ``skip_payload_upload`` a script already on the cluster runs in slurm mode. The
         asset's metadata ``slurm_pre_deployed_env_path`` names an environment of its own
-        (:mod:`~dagster_slurm.compute.asset_metadata`). Raises a
+        (:mod:`~dagster_slurm.compute.asset_metadata`). ``published``: other keywords of the
+        published package's call form (``slurm_metrics``, ...), supported or refused naming
+        the replacement (:mod:`dagster_slurm.compute.published_run`). Raises a
         :class:`~dagster_slurm.jobs.errors.SlurmJobError` subclass when the job fails.
         """
         # -- validation: every argument, before anything is submitted or started --------
+        call = published_run(published, mode=self.mode, payload_path=payload_path,
+                             pre_deployed_env_path=self.pre_deployed_env_path,
+                             published_metadata_keys=self.published_metadata_keys)
+        payload_path = call.payload_path
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
@@ -287,19 +304,21 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         op = op_context(context)  # the step's OpExecutionContext, whatever type it was given
         env_path = self._asset_environment(op)
         session = self._check_scope(op, launcher, overrides, extra_slurm_opts)
-        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
+        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup,
+                             call.published_metrics)
         # -- dispatch ------------------------------------------------------------------------
         return self._runner(session, env_path).run(op, request)
 
     def run_hetjob(
         self,
         context: ExecutionContext,
-        components: Sequence[HetJobComponent | Mapping[str, Any]],
-        payload_path: str,
+        components: Sequence[HetJobComponent | Mapping[str, Any]] | None = None,
+        payload_path: str | None = None,
         launcher: ComputeLauncher | None = None,
         extra_env: Mapping[str, str] | None = None,
         extras: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
+        **published: Any,
     ) -> PipesClientCompletedInvocation:
         """Experimental: run ``payload_path`` as one Slurm heterogeneous job whose
         ``components`` (two or more :class:`~dagster_slurm.compute.hetjob.HetJobComponent`,
@@ -309,8 +328,13 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         components); ``srun --het-group=<n>`` starts work on component ``n``. The other
         arguments and the result are those of :meth:`run`. In local mode the payload runs
         once here, the component variables naming ``localhost``. Not available with
-        ``allocation_scope='run'``. See docs/hetjobs.md.
+        ``allocation_scope='run'``. See docs/hetjobs.md. The published package's form
+        (``assets=``, ``launchers=``) is refused with a message that shows this one.
         """
+        refuse_published_hetjob(components, published)
+        call = published_run({}, mode=self.mode, payload_path=payload_path or "",
+                             pre_deployed_env_path=self.pre_deployed_env_path,
+                             published_metadata_keys=self.published_metadata_keys)
         launcher = launcher or self.default_launcher
         if not isinstance(launcher, ComputeLauncher):
             raise ConfigurationError("launcher", launcher, "must be a ComputeLauncher such as BashLauncher()")
@@ -332,16 +356,22 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         self._check_scope(op, launcher, overrides, None)
         if self.mode == "local":
             env = {**env, **local_component_env(checked)}
-        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup)
+        request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup,
+                             call.published_metrics)
         return self._runner(None, env_path).run(op, request)
 
     def _asset_environment(self, context: Any) -> str | None:
         """The step's own environment from its assets' metadata (None: the resource's
         settings), checked against the scope; raises for a key that is not honoured."""
-        path = asset_environment(context)
-        if self.allocation_scope is SlurmAllocationScope.RUN:
-            check_run_scope_environment(path, self.pre_deployed_env_path)
-        return path
+        return step_environment(context, run_scope=self.allocation_scope is SlurmAllocationScope.RUN,
+                                resource_path=self.pre_deployed_env_path)
+
+    def get_pipes_client(self, context: Any = None,
+                         launcher: ComputeLauncher | None = None) -> ComputePipesClient:
+        """A Dagster ``PipesClient`` whose ``run(context=..., payload_path=..., ...)`` is this
+        resource's :meth:`run` with ``launcher`` (None: ``default_launcher``); the
+        published package's method of the same name. ``context`` is not used."""
+        return ComputePipesClient(self, launcher)
 
     def _check_scope(self, context: OpExecutionContext, launcher: ComputeLauncher,
                      overrides: Mapping[str, Any],
@@ -436,21 +466,9 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         """Remove the files kept by ``run(..., defer_cleanup=True)`` for this step
         (``context``: as for :meth:`run`)."""
 
-        run_id, step_key = step_identity(context)
-        if self.mode == "slurm" and self.allocation_scope is SlurmAllocationScope.RUN:
-            self.get_run_allocation_session(context, start=False).cleanup_step(step_key)
-            return
-        if self.mode == "local":
-            from dagster_slurm.compute.local_runner import default_local_base
+        from dagster_slurm.compute.cleanup import remove_deferred_files
 
-            paths = InvocationPaths.create(self.local_base_path or default_local_base(), run_id, step_key)
-            shutil.rmtree(paths.step_dir, ignore_errors=True)
-            return
-        from dagster_slurm.agent import remove_op
-
-        assert self.slurm is not None
-        paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)
-        self.slurm.agent().run(remove_op(paths.step_dir, root=paths.base))
+        remove_deferred_files(self, context)
 
     # -- lifecycle -------------------------------------------------------------------------
     def setup_for_execution(self, context: InitResourceContext) -> None:

@@ -41,6 +41,7 @@ from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths, job_name_for
 from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker, nodes_of
+from dagster_slurm.jobs.published_metadata import invocation_metadata
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_argv
@@ -268,4 +269,5 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         if warning is not None:
             job.context.log.warning(warning)
         job.context.log.info(f"Slurm job {handle} completed")
-        return PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
+        return PipesClientCompletedInvocation(
+            pipes, metadata=invocation_metadata(metrics, job.request.published_metrics))

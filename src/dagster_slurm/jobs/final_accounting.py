@@ -179,5 +179,5 @@ def lag_warning(job_id: str, read: FinalRead[AccountingAnswer], metrics: JobMetr
     return (
         f"Accounting of Slurm job {job_id} showed no final state after {read.attempts} "
         f"read(s) over {read.waited:.1f} s ({last}); the metadata reports {used}, and "
-        "elapsed time, CPU efficiency and MaxRSS as null"
+        "elapsed time, node-hours, CPU efficiency, MaxRSS and the GPU figures as null"
     )

@@ -2,7 +2,10 @@
 
 Slurm mode fills them from ``sacct``; local mode from the payload process's resource usage.
 Every key is always present, so an asset's metadata has the same keys in both modes; a figure
-that could not be observed is a null value, never 0.
+that could not be observed is a null value, never 0. Node-hours and the GPU figures come only
+from accounting (null in local mode, and where the site's accounting does not record GPUs).
+The same figures under the published package's key names (``slurm_job_id``,
+``node_hours``, ...) are added on request (:mod:`dagster_slurm.jobs.published_metadata`).
 
 A job that ended is never reported with a state it has left (PENDING, RUNNING, ...):
 accounting that does not show a final state yet (slurmdbd has not caught up) gives no
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 
 from dagster_slurm.slurm.accounting import SacctRecord, SacctStep
 from dagster_slurm.slurm.states import JobState
+from dagster_slurm.slurm.tres import NO_GPU_FIGURES, GpuFigures
 
 #: Metadata keys a compute invocation attaches (each always present; None when not known).
 METADATA_KEYS = (
@@ -28,6 +32,13 @@ METADATA_KEYS = (
     "dagster_slurm/cpu_efficiency",
     "dagster_slurm/max_rss_mb",
     "dagster_slurm/nodes",
+    "dagster_slurm/node_hours",
+    "dagster_slurm/gpus",
+    "dagster_slurm/gpus_requested",
+    "dagster_slurm/gpu_utilization_avg_pct",
+    "dagster_slurm/gpu_utilization_max_pct",
+    "dagster_slurm/gpu_utilization_max_node",
+    "dagster_slurm/gpu_memory_max_mb",
 )
 
 #: ``state_source`` values: where a reported state was read.
@@ -42,7 +53,12 @@ class JobMetrics:
 
     ``state`` is a final state (never PENDING, RUNNING, ...) or None when no source showed
     one; ``state_source`` says where it was read (``sacct``, ``squeue``, ``status_file``,
-    ``process`` in local mode), None exactly when ``state`` is None.
+    ``process`` in local mode), None exactly when ``state`` is None. ``job_id`` is the
+    job's id, or ``<allocation>.<step>`` for a step of a run allocation (``step_id`` is then
+    the part after the dot; None for a whole job). ``node_hours`` is elapsed time × the
+    nodes it occupied, in hours, from accounting; ``cpus`` the CPUs accounting shows for
+    the job or step (None when unknown); ``gpu`` the GPU figures accounting recorded (None
+    fields where it recorded none).
     """
 
     mode: str
@@ -54,8 +70,18 @@ class JobMetrics:
     max_rss_bytes: int | None
     nodes: str | None
     state_source: str | None = None
+    node_hours: float | None = None
+    gpu: GpuFigures = NO_GPU_FIGURES
+    step_id: str | None = None
+    cpus: int | None = None
+
+    @property
+    def from_accounting(self) -> bool:
+        """Whether the figures come from a final ``sacct`` record (else they are null)."""
+        return self.mode == "slurm" and self.state_source == SOURCE_SACCT
 
     def as_metadata(self) -> dict[str, object | None]:
+        """The metadata: every key of :data:`METADATA_KEYS` (None where not observed)."""
         values: dict[str, object | None] = {
             "dagster_slurm/mode": self.mode,
             "dagster_slurm/job_id": self.job_id,
@@ -72,8 +98,20 @@ class JobMetrics:
             if self.max_rss_bytes is None
             else round(self.max_rss_bytes / 2**20, 1),
             "dagster_slurm/nodes": self.nodes,
+            "dagster_slurm/node_hours": _rounded(self.node_hours, 6),
+            "dagster_slurm/gpus": self.gpu.allocated,
+            "dagster_slurm/gpus_requested": self.gpu.requested,
+            "dagster_slurm/gpu_utilization_avg_pct": _rounded(self.gpu.utilization_avg_pct, 2),
+            "dagster_slurm/gpu_utilization_max_pct": _rounded(self.gpu.utilization_max_pct, 2),
+            "dagster_slurm/gpu_utilization_max_node": self.gpu.utilization_max_node,
+            "dagster_slurm/gpu_memory_max_mb": None if self.gpu.memory_max_bytes is None
+            else round(self.gpu.memory_max_bytes / 2**20, 1),
         }
         return values
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def final_state(state: str | JobState | None) -> str | None:
@@ -106,6 +144,9 @@ def from_sacct(job_id: str, record: SacctRecord | None, exit_code: int | None, s
             max_rss_bytes=record.max_rss_bytes,
             nodes=record.node_list,
             state_source=SOURCE_SACCT,
+            node_hours=record.node_hours,
+            gpu=record.gpu,
+            cpus=record.alloc_cpus,
         )
     observed = final_state(state)
     return JobMetrics("slurm", job_id, observed, exit_code, None, None, None, nodes,
@@ -121,13 +162,15 @@ def from_step(allocation_id: str, step: SacctStep | None, step_id: str | None,
     RUNNING) the state comes from the step's exit-status file (source ``status_file``):
     COMPLETED for 0, FAILED for another code, None without one; the figures are then
     None. CPU efficiency is CPU-seconds per elapsed second of the step (a step may use
-    several CPUs of the allocation, so it can exceed 1, as in local mode).
+    several CPUs of the allocation, so it can exceed 1, as in local mode). Node-hours and
+    the GPU figures are the step's own (its elapsed time × its nodes; its line's TRES).
     """
     job_id = f"{allocation_id}.{step_id}" if step_id else allocation_id
     if step is None or not step.state.terminal:
         state = None if exit_code is None else ("COMPLETED" if exit_code == 0 else "FAILED")
         return JobMetrics("slurm", job_id, state, exit_code, None, None, None, node,
-                          state_source=SOURCE_STATUS_FILE if state is not None else None)
+                          state_source=SOURCE_STATUS_FILE if state is not None else None,
+                          step_id=step_id or None)
     elapsed = step.elapsed_seconds
     efficiency = (None if step.total_cpu_seconds is None or not elapsed
                   else step.total_cpu_seconds / elapsed)
@@ -135,13 +178,16 @@ def from_step(allocation_id: str, step: SacctStep | None, step_id: str | None,
         mode="slurm", job_id=job_id, state=step.state.value, exit_code=exit_code,
         elapsed_seconds=elapsed, cpu_efficiency=efficiency,
         max_rss_bytes=step.max_rss_bytes, nodes=node, state_source=SOURCE_SACCT,
+        node_hours=step.node_hours, gpu=step.gpu, step_id=step_id or None,
+        cpus=step.alloc_cpus,
     )
 
 
 def from_local(
     job_id: str, exit_code: int | None, elapsed: float, cpu_seconds: float | None, max_rss_kib: int | None
 ) -> JobMetrics:
-    """Metrics of a local payload process (``ru_maxrss`` is in KiB on Linux)."""
+    """Metrics of a local payload process (``ru_maxrss`` is in KiB on Linux); no
+    node-hours or GPU figures (there is no allocation, and no accounting)."""
     efficiency = None if cpu_seconds is None or elapsed <= 0 else cpu_seconds / elapsed
     return JobMetrics(
         mode="local",

@@ -38,6 +38,7 @@ from dagster import OpExecutionContext, PipesClientCompletedInvocation, open_pip
 
 from dagster_slurm.jobs.contexts import ExecutionContext, op_context
 from dagster_slurm.jobs.errors import SlurmJobUnschedulable
+from dagster_slurm.jobs.published_metadata import SlurmMetric
 from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.launchers.base import ComputeLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
@@ -53,7 +54,9 @@ class JobRequest:
     ``extra_env``: validated variables for the payload. ``extras``: reach the payload as
     ``context.extras`` (None: none). ``overrides``: validated scheduler overrides (empty:
     none; only the asset-scope runner submits with them). ``defer_cleanup``: keep the
-    invocation's files after success.
+    invocation's files after success. ``published_metrics``: the figures to attach under
+    the published package's metadata keys as well (None: only the ``dagster_slurm/*`` keys;
+    see :mod:`dagster_slurm.jobs.published_metadata`).
     """
 
     payload_path: str
@@ -62,6 +65,7 @@ class JobRequest:
     extras: Mapping[str, Any] | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
     defer_cleanup: bool = False
+    published_metrics: frozenset[SlurmMetric] | None = None
 
 
 @dataclass

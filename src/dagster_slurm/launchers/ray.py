@@ -36,6 +36,7 @@ from dagster_slurm.launchers.ray_ports import (
     RayPortConfig,
     port_block_functions,
 )
+from dagster_slurm.launchers.ray_published import move_include_dashboard
 from dagster_slurm.launchers.ray_script import (
     RAY_DASHBOARD_FORMAT,
     RAY_NODE_TEMPLATE,
@@ -84,7 +85,9 @@ class RayLauncher(PublishedNames, ComputeLauncher):
 
     The published package's ``object_store_memory_gb=`` (gigabytes of 10**9 bytes) and
     ``head_startup_timeout=`` are accepted for ``object_store_memory`` (bytes) and
-    ``startup_timeout``, with a deprecation warning.
+    ``startup_timeout``, and its ``ray_start_args=["--include-dashboard=false"]`` for
+    ``include_dashboard=False`` (:mod:`dagster_slurm.launchers.ray_published`), with a
+    deprecation warning.
     """
 
     renamed_fields: ClassVar[tuple[RenamedField, ...]] = (
@@ -213,6 +216,17 @@ class RayLauncher(PublishedNames, ComputeLauncher):
             "sockets below it). None: /tmp/dsray-<job id>-<node index>, removed afterwards."
         ),
     )
+
+    @classmethod
+    def move_published_values(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """``ray_start_args=["--include-dashboard=false"]`` moved to ``include_dashboard``
+        before Dagster records the configuration (see :class:`PublishedNames`)."""
+        return dict(move_include_dashboard(data))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _published_dashboard_option(cls, data: Any) -> Any:
+        return move_include_dashboard(data)  # also when built from a mapping (run config)
 
     @field_validator("num_cpus_per_node")
     @classmethod

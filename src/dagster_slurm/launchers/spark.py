@@ -48,7 +48,7 @@ import math
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator, model_validator
 
@@ -143,7 +143,19 @@ class SparkLauncher(ComputeLauncher):
     ``slurm`` mode: a master on the first node and one worker per node; local mode:
     ``local[N]``, no cluster processes. The payload finds the cluster through
     ``SPARK_MASTER_URL`` and ``SPARK_CONF_DIR``. See the module documentation.
+
+    The published package's ``master_url`` (connect to a Spark cluster outside the job) is
+    refused with what to use instead.
     """
+
+    removed_fields: ClassVar[Mapping[str, str]] = {
+        "master_url": (
+            "this launcher always starts a Spark cluster of its own inside the job. To use a "
+            "cluster that already runs elsewhere, run the payload with BashLauncher() and "
+            "give it the URL, e.g. extra_env={'SPARK_MASTER_URL': 'spark://host:7077'} "
+            "read by SparkSession.builder.master(...) in the payload"
+        ),
+    }
 
     spark_home: str | None = Field(
         default=None,

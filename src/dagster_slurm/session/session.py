@@ -139,7 +139,7 @@ class RunSession:
         spec = queue.to_sbatch_spec(
             job_name, f"{paths.session_dir}/submit/allocation.sh",
             output=paths.output, error=paths.output, chdir=paths.session_dir,
-        )
+            **config.sbatch_options())
         #: The session's collaborators and shared operations, as its features see them.
         self.context = SessionContext(
             slurm=slurm, run_id=run_id, config=config, launcher=launcher,

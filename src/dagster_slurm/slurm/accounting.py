@@ -3,7 +3,9 @@
 ``sacct`` prints an allocation line (``4``) and one line per step (``4.batch``,
 ``4.extern``, ``4.0``). The job's state, exit code, elapsed time and node list come from the
 allocation line; ``MaxRSS`` is only reported on step lines, so the record keeps the maximum
-over all of them. Text in, records out; never raises; unreadable fields are None.
+over all of them. GPU counts come from the allocation line's TRES columns, GPU usage from the
+step lines' (:mod:`dagster_slurm.slurm.tres`). Text in, records out; never raises; unreadable
+fields are None.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from dagster_slurm.slurm.commands import SACCT_FIELDS
+from dagster_slurm.slurm.commands import SACCT_BASE_FIELDS, SACCT_FIELDS
 from dagster_slurm.slurm.hostlist import expand_hostlist
 from dagster_slurm.slurm.states import JobState, cancelled_by
+from dagster_slurm.slurm.tres import NO_GPU_FIGURES, GpuFigures, job_gpu_figures, line_gpu_figures
 from dagster_slurm.slurm.units import optional_text, parse_int, parse_size_bytes, parse_timestamp
 from dagster_slurm.slurm.walltime import parse_duration
 
@@ -34,6 +37,17 @@ class SacctStep:
     """Peak resident memory of the step's largest task; None when not sampled."""
     total_cpu_seconds: float | None
     """User + system CPU time of the step."""
+    num_nodes: int | None = None
+    """Nodes the step ran on (``NNodes`` of its line); None when not given."""
+    alloc_cpus: int | None = None
+    """CPUs of the step (``AllocCPUS`` of its line); None when not given."""
+    gpu: GpuFigures = NO_GPU_FIGURES
+    """GPU figures of the step's line (None fields where not recorded)."""
+
+    @property
+    def node_hours(self) -> float | None:
+        """``elapsed × nodes`` of the step in hours; None when either is unknown."""
+        return _node_hours(self.elapsed_seconds, self.num_nodes)
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,15 @@ class SacctRecord:
     """End (cluster local time), None while running."""
     steps: tuple[SacctStep, ...] = ()
     """Step lines in output order."""
+    gpu: GpuFigures = NO_GPU_FIGURES
+    """GPU figures of the job: counts from the allocation line, usage over its lines (see
+    :func:`~dagster_slurm.slurm.tres.job_gpu_figures`); None fields where not recorded."""
+
+    @property
+    def node_hours(self) -> float | None:
+        """``elapsed × allocated nodes`` in hours (what the allocation occupied); None when
+        either is unknown."""
+        return _node_hours(self.elapsed_seconds, self.num_nodes)
 
     @property
     def cpu_efficiency(self) -> float | None:
@@ -89,6 +112,12 @@ class SacctRecord:
         return self.total_cpu_seconds / capacity
 
 
+def _node_hours(elapsed: float | None, nodes: int | None) -> float | None:
+    if elapsed is None or nodes is None or math.isinf(elapsed):
+        return None
+    return elapsed * nodes / 3600.0
+
+
 _NO_NODES = frozenset({"none assigned", "(null)", "none"})
 
 
@@ -97,8 +126,11 @@ def parse_sacct(text: object, fields: Sequence[str] = SACCT_FIELDS) -> dict[str,
 
     Columns are taken from ``fields`` (default: the columns
     :func:`~dagster_slurm.slurm.commands.sacct_argv` requests), or from a header line when
-    the output starts with one (``JobID|...``). Lines whose column count does not match,
-    and lines without a ``|`` (such as ``Slurm accounting storage is disabled``), are skipped.
+    the output starts with one (``JobID|...``). With the default columns, a line of only
+    :data:`~dagster_slurm.slurm.commands.SACCT_BASE_FIELDS` (without the TRES columns, as
+    earlier releases asked for) is read with those; its GPU figures are None. Other lines
+    whose column count does not match, and lines without a ``|`` (such as
+    ``Slurm accounting storage is disabled``), are skipped.
     """
     if not isinstance(text, str):
         return {}
@@ -107,13 +139,17 @@ def parse_sacct(text: object, fields: Sequence[str] = SACCT_FIELDS) -> dict[str,
     if lines and lines[0].split("|", 1)[0].strip().lower() == "jobid":
         columns = [name.strip().lower() for name in lines[0].split("|")]
         lines = lines[1:]
+    widths = {len(columns)}
+    base = [name.lower() for name in SACCT_BASE_FIELDS]
+    if columns[: len(base)] == base:
+        widths.add(len(base))
     allocations: dict[str, Mapping[str, str]] = {}
     steps: dict[str, list[Mapping[str, str]]] = {}
     for line in lines:
         cells = line.split("|")
-        if len(cells) != len(columns):
+        if len(cells) not in widths:
             continue
-        row = dict(zip(columns, cells, strict=True))
+        row = dict(zip(columns[: len(cells)], cells, strict=True))
         full_id = (row.get("jobid") or "").strip()
         if not full_id or any(char.isspace() for char in full_id):
             continue
@@ -139,6 +175,7 @@ def _record(job_id: str, row: Mapping[str, str], step_rows: list[Mapping[str, st
     if total_cpu is None and step_cpu and all(value is not None for value in step_cpu):
         total_cpu = sum(value for value in step_cpu if value is not None)
     raw_state = optional_text(row.get("state"))
+    own_gpu = line_gpu_figures(row)
     return SacctRecord(
         job_id=job_id,
         name=optional_text(row.get("jobname")),
@@ -157,6 +194,9 @@ def _record(job_id: str, row: Mapping[str, str], step_rows: list[Mapping[str, st
         start_time=parse_timestamp(row.get("start")),
         end_time=parse_timestamp(row.get("end")),
         steps=steps,
+        gpu=job_gpu_figures(own_gpu, [
+            (own_gpu, _elapsed(row)), *((step.gpu, step.elapsed_seconds) for step in steps),
+        ]),
     )
 
 
@@ -167,6 +207,9 @@ def _step(row: Mapping[str, str]) -> SacctStep:
         elapsed_seconds=_elapsed(row),
         max_rss_bytes=parse_size_bytes(row.get("maxrss")),
         total_cpu_seconds=parse_duration(row.get("totalcpu")),
+        num_nodes=parse_int(row.get("nnodes")),
+        alloc_cpus=parse_int(row.get("alloccpus")),
+        gpu=line_gpu_figures(row),
     )
 
 

@@ -57,7 +57,7 @@ SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
 SQUEUE_FORMAT = "|".join(code for _, code in SQUEUE_FIELDS)
 """The ``squeue -o`` format string: :data:`SQUEUE_FIELDS` joined by ``|``."""
 
-SACCT_FIELDS: tuple[str, ...] = (
+SACCT_BASE_FIELDS: tuple[str, ...] = (
     "JobID",
     "JobName",
     "State",
@@ -72,6 +72,19 @@ SACCT_FIELDS: tuple[str, ...] = (
     "Start",
     "End",
 )
+"""The leading ``sacct`` columns: state, exit code, times, memory, CPU time and nodes."""
+
+SACCT_TRES_FIELDS: tuple[str, ...] = (
+    "ReqTRES",
+    "AllocTRES",
+    "TRESUsageInAve",
+    "TRESUsageInMax",
+    "TRESUsageInMaxNode",
+)
+"""The trackable-resource columns after them: GPU counts and GPU usage where the site's
+accounting records them (see :mod:`dagster_slurm.slurm.tres`)."""
+
+SACCT_FIELDS: tuple[str, ...] = SACCT_BASE_FIELDS + SACCT_TRES_FIELDS
 """The ``sacct --format`` columns :func:`sacct_argv` requests, in order."""
 
 

@@ -25,6 +25,7 @@ from typing import TypeVar
 from dagster_slurm.slurm.accounting import SacctRecord
 from dagster_slurm.slurm.parsers import SqueueRecord
 from dagster_slurm.slurm.states import JobState
+from dagster_slurm.slurm.tres import combine_components
 
 _MEMBER = re.compile(r"(?P<job>[0-9]+)\+(?P<offset>[0-9]+)")
 
@@ -83,8 +84,11 @@ def fold_queue_records(records: Mapping[str, SqueueRecord]) -> dict[str, SqueueR
 def fold_accounting_records(records: Mapping[str, SacctRecord]) -> dict[str, SacctRecord]:
     """``sacct`` records keyed by id, heterogeneous components folded into their job; the
     folded record keeps component 0's figures (state folded as for ``squeue``), the largest
-    ``MaxRSS`` of any component, and every component's steps, those of component ``n > 0``
-    with ids ``+<n>.<step>`` (``+1.0``) so that they stay apart from component 0's."""
+    ``MaxRSS`` of any component, the nodes of every component counted together (so
+    ``node_hours`` covers the whole job; None when a component's count is unknown), GPU
+    figures over every component (:func:`~dagster_slurm.slurm.tres.combine_components`),
+    and every component's steps, those of component ``n > 0`` with ids ``+<n>.<step>``
+    (``+1.0``) so that they stay apart from component 0's."""
     folded = _fold(records)
     for job_id, record in list(folded.items()):
         parts = sorted(
@@ -97,7 +101,10 @@ def fold_accounting_records(records: Mapping[str, SacctRecord]) -> dict[str, Sac
                 for offset, part in parts for step in part.steps
             )
             rss = [value for _, part in parts if (value := part.max_rss_bytes) is not None]
+            counts = [part.num_nodes for _, part in parts]
             folded[job_id] = dataclasses.replace(
-                record, steps=steps, max_rss_bytes=max(rss) if rss else None
+                record, steps=steps, max_rss_bytes=max(rss) if rss else None,
+                num_nodes=None if None in counts else sum(c for c in counts if c is not None),
+                gpu=combine_components(part.gpu for _, part in parts),
             )
     return folded

@@ -245,10 +245,11 @@ def test_sacct_argv() -> None:
         "--parsable2",
         "--noheader",
         "--format=JobID,JobName,State,ExitCode,Elapsed,ElapsedRaw,MaxRSS,TotalCPU,NNodes,"
-        "NodeList,AllocCPUS,Start,End",
+        "NodeList,AllocCPUS,Start,End,ReqTRES,AllocTRES,TRESUsageInAve,TRESUsageInMax,"
+        "TRESUsageInMaxNode",
         "--jobs=4,5",
     ]
-    assert len(SACCT_FIELDS) == 13
+    assert len(SACCT_FIELDS) == 18
     with pytest.raises(ConfigurationError):
         sacct_argv([])
     with pytest.raises(ConfigurationError):

@@ -40,6 +40,7 @@ from dagster_slurm.session.core.errors import (
     allocation_ended,
 )
 from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.published_allocation import refuse_published_allocation
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
 
@@ -84,8 +85,14 @@ class SlurmAllocation:
     ``job_id``: the Slurm job id (``slurm_job_id``, the published package's name, is
     accepted with a deprecation warning). ``nodes``: its hosts, head first. ``ray_address``:
     ``host:port`` of the Ray cluster started in it, None when it has no Ray.
-    ``drain_signal``: the signal a drain sends (``TERM`` unless configured).
+    ``drain_signal``: the signal a drain sends (``TERM`` unless configured). The published
+    package's constructor form (``slurm_job_id=``, ``working_dir=``, ``config=``) is
+    refused, saying where to get the allocation.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SlurmAllocation:
+        refuse_published_allocation(args, kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from dagster_slurm.slurm.queue import (
     SlurmQueueConfig,
     check_time_combination,
 )
-from dagster_slurm.slurm.validation import validate_count, validate_slurm_name
+from dagster_slurm.slurm.validation import validate_count, validate_hostlist, validate_slurm_name
 
 #: Allocation config field -> SlurmQueueConfig field: the Slurm fields a run allocation and a
 #: worker allocation share (and a worker inherits).
@@ -145,6 +145,14 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
     qos: str | None = Field(default=None, description="QOS; None: the queue's.")
     account: str | None = Field(default=None, description="Account; None: the queue's.")
     reservation: str | None = Field(default=None, description="Reservation; None: the queue's.")
+    nodelist: str | None = Field(
+        default=None,
+        description=(
+            "Nodes the allocation must include (--nodelist), e.g. 'gpu-01' or 'gpu-[01-04]'; "
+            "never inherited from the queue. A successor allocation asks for the same nodes. "
+            "None: any nodes."
+        ),
+    )
     signal_before_timeout: str | None = Field(
         default=None,
         description=(
@@ -195,6 +203,11 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
     _check_signal = ALLOCATION_VALIDATORS["signal"]
     _check_directives = ALLOCATION_VALIDATORS["directives"]
 
+    @field_validator("nodelist")
+    @classmethod
+    def _check_nodelist(cls, value: str | None) -> str | None:
+        return None if value is None else validate_hostlist("nodelist", value)
+
     @field_validator("heartbeat_interval", "startup_timeout")
     @classmethod
     def _positive(cls, value: float, info: Any) -> float:
@@ -239,9 +252,20 @@ class SlurmRunAllocationConfig(Config, KnownFieldsOnly):
         except ValidationError as error:
             raise in_own_words(error) from None
 
+    def sbatch_options(self) -> dict[str, Any]:
+        """The :class:`SbatchSpec` fields of this configuration that a queue configuration
+        has no field for (``nodelist`` when set), to add to the allocation's request built
+        from :meth:`queue_for`; empty when none is set."""
+        return {"nodelist": self.nodelist} if self.nodelist is not None else {}
+
     def snapshot(self) -> dict[str, Any]:
-        """A JSON-able copy, recorded in the session document with the allocation."""
-        return self.model_dump(mode="json")
+        """A JSON-able copy, recorded in the session document with the allocation. An unset
+        ``nodelist`` is left out, so a configuration without one has the snapshot (and the
+        session digest) it had before the field existed."""
+        data = self.model_dump(mode="json")
+        if data.get("nodelist") is None:
+            data.pop("nodelist", None)
+        return data
 
 
 def in_own_words(error: ValidationError, owner: str = "SlurmRunAllocationConfig",
@@ -314,7 +338,8 @@ def check_shape(
 ) -> SbatchSpec:
     """The run allocation's request; raises naming each field where ``overrides`` (a step's
     ``extra_slurm_opts``, as SbatchSpec fields) differ from it."""
-    spec = config.queue_for(queue).to_sbatch_spec("dsr-shape-check", "/dev/null")
+    spec = config.queue_for(queue).to_sbatch_spec("dsr-shape-check", "/dev/null",
+                                                  **config.sbatch_options())
     refuse_mismatches(spec, overrides, extra_slurm_opts)
     return spec
 

@@ -306,11 +306,12 @@ def first_worker_config(run_allocation: SlurmRunAllocationConfig,
                         queue: SlurmQueueConfig) -> SlurmWorkerAllocationConfig:
     """The run's first worker allocation when ``run_allocation`` becomes one (a separate
     head is set): its fields as given, the rest from the queue, as for the run allocation
-    itself (``run_allocation.queue_for(queue)``), resolved."""
+    itself (``run_allocation.queue_for(queue)``), resolved, with its ``nodelist``."""
     request = run_allocation.queue_for(queue)
     values = {own: getattr(request, queue_field) for own, queue_field in INHERITED_FIELDS.items()}
     return SlurmWorkerAllocationConfig(
-        **values, extra_sbatch_directives=list(run_allocation.extra_sbatch_directives))
+        **values, extra_sbatch_directives=list(run_allocation.extra_sbatch_directives),
+        nodelist=run_allocation.nodelist)
 
 
 # -- a separate head ----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from dagster_slurm.slurm.validation import validate_count
 #: ``run_allocation``. ``num_nodes`` is a field of both.
 FLAT_ALLOCATION_FIELDS: tuple[str, ...] = (
     "time_limit", "signal_before_timeout", "partition", "gpus_per_node", "cpus_per_task",
-    "mem", "mem_per_cpu", "qos", "account", "reservation",
+    "mem", "mem_per_cpu", "qos", "account", "reservation", "nodelist",
 )
 
 

@@ -36,6 +36,7 @@ from dagster_slurm.jobs.final_accounting import (
 from dagster_slurm.jobs.follow import DagsterRunEnded
 from dagster_slurm.jobs.metrics import SOURCE_SACCT, JobMetrics, from_step
 from dagster_slurm.jobs.paths import InvocationPaths
+from dagster_slurm.jobs.published_metadata import invocation_metadata
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
@@ -211,7 +212,8 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         reported = result.drained or result.exit_code == 0
         metrics = step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
                                 deadline=ACCOUNTING_DEADLINE if reported else 0.0)
-        invocation = PipesClientCompletedInvocation(pipes, metadata=metrics.as_metadata())
+        invocation = PipesClientCompletedInvocation(
+            pipes, metadata=invocation_metadata(metrics, job.request.published_metrics))
         succeeded = not result.drained and result.exit_code == 0
         _consume(job, remove=succeeded and not job.request.defer_cleanup, strict=succeeded)
         if result.drained:
@@ -344,7 +346,8 @@ def step_metrics(
                 else "no state (the step's exit status is unknown)")
         warn(f"Accounting of step {metrics.job_id} showed no final state after {got.attempts} "
              f"read(s) over {got.waited:.1f} s ({_said(answer, line, got.error)}); the metadata "
-             f"reports {used}, and elapsed time, CPU efficiency and MaxRSS as null")
+             f"reports {used}, and elapsed time, node-hours, CPU efficiency, MaxRSS and the "
+             "GPU figures as null")
     return metrics
 
 

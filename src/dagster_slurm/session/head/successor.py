@@ -182,7 +182,8 @@ def _submission(session: SessionContext, config: SlurmRunAllocationConfig,
     script = f"{submit_dir}/allocation.sh"
     queue = head_request(config, session.slurm.queue, session.layout)  # a separate head's own
     spec = queue.to_sbatch_spec(session.job_name, script, output=paths.output,
-                                error=paths.output, chdir=paths.session_dir)
+                                error=paths.output, chdir=paths.session_dir,
+                                **config.sbatch_options())
     drain = drain_signal_of(queue.signal_before_timeout) or "TERM"
     timeout = config.heartbeat_timeout
     standby = render_standby(paths, token, drain, timeout)
