@@ -69,6 +69,12 @@ class AuthenticationFailed(TransportError):
     repeated failed logins can get an account banned."""
 
 
+class CertificateError(AuthenticationFailed):
+    """The OpenSSH certificate next to the key (``<key_path>-cert.pub``) cannot be used:
+    expired, not yet valid, unreadable, or its renewal command failed or left no valid
+    certificate. Raised before any connection is attempted; not retried."""
+
+
 class RemoteProgramEnded(TransportError):
     """The long-lived command of a stream had ended when a request was written to it, while
     the connection itself is up. The request did not reach it (a program that has ended

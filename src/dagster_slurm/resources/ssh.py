@@ -28,6 +28,10 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
     (``~/.ssh/known_hosts`` when None); relaxing that takes an explicit
     ``host_key_checking`` value.
 
+    A key with an OpenSSH certificate (``<key_path>-cert.pub``) has the certificate checked
+    before each login; ``certificate_renew_command`` renews it when it is missing or about
+    to expire.
+
     ``known_hosts_file=`` (the published package's name) is accepted for
     ``known_hosts_path``, with a deprecation warning.
     """
@@ -73,6 +77,24 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
     reconnect_attempts: int = Field(
         default=3, description="Logins tried when the connection drops, before a call fails."
     )
+    certificate_renew_command: list[str] | None = Field(
+        default=None,
+        description=(
+            "Command (an argument list, run on this machine without a shell, with no terminal "
+            "and no input, for at most 120 s) that writes a fresh OpenSSH certificate to "
+            "'<key_path>-cert.pub'. It runs before a login when that file is missing or "
+            "expires within certificate_min_validity_seconds. Needs key_path. None: no "
+            "renewal; a certificate found next to the key is still checked, and an expired "
+            "one fails the login before connecting."
+        ),
+    )
+    certificate_min_validity_seconds: float = Field(
+        default=300.0,
+        description=(
+            "Seconds of validity the certificate must have left at a login; with less, "
+            "certificate_renew_command runs first. Not used without that command."
+        ),
+    )
 
     @field_validator("port")
     @classmethod
@@ -88,12 +110,38 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
             raise ValueError(f"{info.field_name}={value!r}: must be at least 1")
         return value
 
+    @field_validator("certificate_renew_command")
+    @classmethod
+    def _check_renew_command(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value or not all(isinstance(part, str) and part for part in value):
+            raise ConfigurationError(
+                "certificate_renew_command", value,
+                "must be a non-empty list of non-empty strings (the program and its "
+                "arguments, run without a shell), or None for no renewal",
+            )
+        return value
+
+    @field_validator("certificate_min_validity_seconds")
+    @classmethod
+    def _check_min_validity(cls, value: float) -> float:
+        if not value >= 0:
+            raise ConfigurationError("certificate_min_validity_seconds", value,
+                                     "must be zero or more seconds")
+        return value
+
     @model_validator(mode="after")
     def _check_auth(self) -> SSHConnectionResource:
         if self.key_path and self.password:
             raise ValueError("key_path and password are mutually exclusive: set one of them")
         if not self.host.strip():
             raise ValueError("host='': the login node's host name is required")
+        if self.certificate_renew_command is not None and not self.key_path:
+            raise ConfigurationError(
+                "certificate_renew_command", self.certificate_renew_command,
+                "needs key_path: the certificate it renews is '<key_path>-cert.pub'",
+            )
         return self
 
     # -- construction ----------------------------------------------------------------------
@@ -172,6 +220,9 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
             host_key_checking=self.host_key_checking,
             allow_agent=self.use_agent,
             jump=self.jump_host.to_target() if self.jump_host else None,
+            certificate_renew_command=(tuple(self.certificate_renew_command)
+                                       if self.certificate_renew_command else None),
+            certificate_min_validity=self.certificate_min_validity_seconds,
         )
 
     def to_options(self) -> SSHOptions:

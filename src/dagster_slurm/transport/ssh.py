@@ -35,6 +35,7 @@ from dagster_slurm.errors import (
 )
 from dagster_slurm.transport import ssh_login
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
+from dagster_slurm.transport.certificates import prepare_certificate
 from dagster_slurm.transport.ssh_target import HostKeyChecking, SSHOptions, SSHTarget
 
 __all__ = [
@@ -83,7 +84,9 @@ def _connect(target: SSHTarget, options: SSHOptions) -> tuple[paramiko.SSHClient
     """Log in to ``target`` (through its jump host); returns the client and what to close.
 
     Every failure is a :class:`TransportError` saying what was tried, what answered and
-    what to check (:mod:`dagster_slurm.transport.ssh_login`); nothing opened stays open."""
+    what to check (:mod:`dagster_slurm.transport.ssh_login`); nothing opened stays open.
+    The key's certificate is checked (and renewed) first, before any connection."""
+    prepare_certificate(target)
     key = ssh_login.load_key(target)
     client = _make_client(target)
     to_close: list = []

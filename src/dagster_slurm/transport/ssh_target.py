@@ -11,7 +11,13 @@ HostKeyChecking = Literal["strict", "accept-new", "off"]
 
 @dataclass(frozen=True)
 class SSHTarget:
-    """Where and how to log in. ``password``/``key_path`` None means "not used"."""
+    """Where and how to log in. ``password``/``key_path`` None means "not used".
+
+    ``certificate_renew_command`` (an argument list run on this machine, None: never run)
+    renews the certificate ``<key_path>-cert.pub`` before a login when it is missing or
+    expires within ``certificate_min_validity`` seconds
+    (:mod:`dagster_slurm.transport.certificates`).
+    """
 
     host: str
     port: int
@@ -22,6 +28,8 @@ class SSHTarget:
     host_key_checking: HostKeyChecking = "strict"
     allow_agent: bool = True
     jump: SSHTarget | None = None
+    certificate_renew_command: tuple[str, ...] | None = None
+    certificate_min_validity: float = 300.0
 
     @property
     def label(self) -> str:
