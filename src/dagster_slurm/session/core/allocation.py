@@ -338,8 +338,8 @@ class SlurmAllocation:
                         "a drain" if result.drained else f"exit code {result.exit_code}", exc)
             return
         observed = snapshot.job(self.job_id)
-        state = observed.state.value if observed.state is not None else snapshot.ended_state(self.job_id)
-        state = gone_state(snapshot, self.job_id) or state
+        state = gone_state(snapshot, self.job_id) or (
+            observed.state.value if observed.state is not None else None)
         if state == JobState.RUNNING.value and not result.drained and self._replaced(document):
             state = REPLACED
         elif state == JobState.RUNNING.value and not result.drained and _marked(marker):
