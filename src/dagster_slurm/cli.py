@@ -17,7 +17,10 @@ from collections.abc import Sequence
 from dagster_slurm.errors import DagsterSlurmError
 
 #: Modules providing ``register(subparsers)``, in the order shown by ``--help``.
-COMMAND_MODULES: tuple[str, ...] = ("dagster_slurm.devcluster.commands",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "dagster_slurm.logins.commands",
+    "dagster_slurm.devcluster.commands",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -75,6 +75,13 @@ class CertificateError(AuthenticationFailed):
     certificate. Raised before any connection is attempted; not retried."""
 
 
+class LoginRequired(AuthenticationFailed):
+    """Logging in needs a person (a one-time code, a password nobody configured, a shared
+    login that is not up or has ended). Raised at once in a process that has no terminal of
+    its own to ask on; the message names the host and the ``dagster-slurm login`` command
+    to run on this machine. Nothing on the cluster is cancelled because of it."""
+
+
 class RemoteProgramEnded(TransportError):
     """The long-lived command of a stream had ended when a request was written to it, while
     the connection itself is up. The request did not reach it (a program that has ended

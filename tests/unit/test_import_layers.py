@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent",),
     ("state", "scheduler"),
     ("pipes", "launchers", "environment", "resources", "ray"),
-    ("jobs",),
+    ("jobs", "logins"),
     ("session",),
     ("compute",),
     ("devcluster",),

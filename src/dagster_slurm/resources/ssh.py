@@ -17,7 +17,8 @@ from pydantic import Field, field_validator, model_validator
 from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, RenamedField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.resources.published_env import ssh_environment
-from dagster_slurm.transport.ssh import SSHOptions, SSHTarget, SSHTransport, shared_transport
+from dagster_slurm.transport.choice import ChosenTransport, SharedLogin, transport_for
+from dagster_slurm.transport.ssh import SSHOptions, SSHTarget
 
 
 class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
@@ -86,6 +87,16 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
             "expires within certificate_min_validity_seconds. Needs key_path. None: no "
             "renewal; a certificate found next to the key is still checked, and an expired "
             "one fails the login before connecting."
+        ),
+    )
+    shared_login: SharedLogin = Field(
+        default="auto",
+        description=(
+            "'auto': use the shared login of this machine (dagster-slurm login) to the same "
+            "host, port and user whenever it is up, else log in with this process's own "
+            "connection (which never prompts: a site that wants a one-time code fails at "
+            "once naming the command to run). 'required': only the shared login; without "
+            "it every command fails at once. 'off': never the shared login."
         ),
     )
     certificate_min_validity_seconds: float = Field(
@@ -235,6 +246,8 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
             reconnect_attempts=self.reconnect_attempts,
         )
 
-    def get_transport(self) -> SSHTransport:
-        """The process-wide transport for these settings (connects lazily on first use)."""
-        return shared_transport(self.to_target(), self.to_options())
+    def get_transport(self) -> ChosenTransport:
+        """The process-wide transport for these settings (connects lazily on first use):
+        through the machine's shared login when there is one (see ``shared_login``), else
+        over this process's own connection."""
+        return transport_for(self.to_target(), self.to_options(), self.shared_login)

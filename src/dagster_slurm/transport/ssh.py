@@ -36,6 +36,7 @@ from dagster_slurm.errors import (
 from dagster_slurm.transport import ssh_login
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
 from dagster_slurm.transport.certificates import prepare_certificate
+from dagster_slurm.transport.ssh_auth import NoPromptAuth
 from dagster_slurm.transport.ssh_target import HostKeyChecking, SSHOptions, SSHTarget
 
 __all__ = [
@@ -134,14 +135,13 @@ def _login(client: paramiko.SSHClient, target: SSHTarget, options: SSHOptions,
             target.host,
             port=target.port,
             username=target.user,
-            pkey=key,  # loaded here: paramiko's own loading reports a refused key as a format error
-            password=target.password,
-            look_for_keys=False,
-            allow_agent=target.allow_agent and not target.password,
             timeout=options.connect_timeout,
             banner_timeout=options.connect_timeout,
             auth_timeout=options.connect_timeout,
             sock=sock,
+            # the key is loaded here: paramiko's own loading reports a refused key as a
+            # format error; and its own login would prompt on stdin for a second factor
+            auth_strategy=NoPromptAuth(target, key),
         )
     except paramiko.BadHostKeyException as exc:
         raise HostKeyError(
