@@ -26,8 +26,8 @@ from typing import Any
 
 from dagster import OpExecutionContext, PipesClientCompletedInvocation
 
-from dagster_slurm.errors import SchedulerError
-from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly
+from dagster_slurm.errors import LoginRequired, SchedulerError
+from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly, keep_after_lost_login
 from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.errors import JobOutcome, SlurmJobLost, SlurmSubmissionError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
@@ -240,6 +240,9 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         # not because the scheduler's answer was unknown: a job left running after its step
         # failed would still be materialized by nobody and could repeat work on a retry.
         # A lost job has left the queue: nothing to cancel.
+        if isinstance(error, LoginRequired):
+            keep_after_lost_login(job.context.log, f"job {handle}")
+            return
         if not isinstance(error, SlurmJobLost):
             cancel_quietly(job.scheduler, handle, job.context.log)
 

@@ -17,6 +17,19 @@ from dagster_slurm.scheduler.client import SlurmScheduler
 log = logging.getLogger("dagster_slurm.compute")
 
 
+def keep_after_lost_login(out: Any, what: str) -> None:
+    """Log that ``what`` (``job 123``, ``step 123.4``) is left as it is because the login to
+    the cluster needs a person: without a login the library cannot see or change it, and a
+    lost login is no reason to cancel work. The run's teardown (or the orphan sensor, once
+    the run has ended) decides after the next ``dagster-slurm login``."""
+    message = (f"{what} is left as it is: the login to the cluster needs a person (see the "
+               "error), so its state is unknown here. After the next dagster-slurm login the "
+               "run's teardown or the orphan sensor ends it if nothing uses it")
+    log.warning(message)
+    if out is not None:
+        out.warning(message)
+
+
 def cancel_quietly(scheduler: SlurmScheduler, job_id: str, out: Any) -> None:
     """``scancel job_id``; logs a warning when done, an error (with the command to run by
     hand, also to this module's logger) when the scheduler cannot be asked."""

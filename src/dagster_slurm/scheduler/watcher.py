@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dagster_slurm.backoff import sleep_checking
-from dagster_slurm.errors import TransportError
+from dagster_slurm.errors import AuthenticationFailed, TransportError
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, StatusSnapshot
 from dagster_slurm.scheduler.pacing import PollBackoff
 
@@ -208,7 +208,8 @@ class JobWatcher:
         :meth:`payload_ended`); 0 polls at once.
 
         Transient transport errors are retried ``transport_retries`` times in a row before
-        they propagate. ``timeout`` (seconds, None for no limit) raises :class:`TimeoutError`.
+        they propagate; a failed login (:class:`~dagster_slurm.errors.AuthenticationFailed`,
+        :class:`~dagster_slurm.errors.LoginRequired`) propagates at once. ``timeout`` (seconds, None for no limit) raises :class:`TimeoutError`.
         """
         deadline = None if timeout is None else self._clock() + timeout
         failures = 0
@@ -218,6 +219,8 @@ class JobWatcher:
             try:
                 observation = self.observe(job_id)
                 failures = 0
+            except AuthenticationFailed:
+                raise  # a login that needs a person, or refused credentials: retrying cannot help
             except TransportError as exc:
                 failures += 1
                 if failures > transport_retries:

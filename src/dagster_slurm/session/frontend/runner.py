@@ -24,7 +24,8 @@ from dagster import OpExecutionContext, PipesClientCompletedInvocation
 
 from dagster_slurm.agent import exec_op, remove_op, tail_op
 from dagster_slurm.agent.results import TailRequest
-from dagster_slurm.errors import ConfigurationError, DagsterSlurmError
+from dagster_slurm.errors import ConfigurationError, DagsterSlurmError, LoginRequired
+from dagster_slurm.jobs.cancel import keep_after_lost_login
 from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.jobs.final_accounting import (
@@ -195,6 +196,9 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         if isinstance(error, SlurmAllocationEnded):
             # The allocation ended under the step: the next step gets a new one.
             self.session.forget(job.allocation, error.result.allocation_state)
+            return
+        if isinstance(error, LoginRequired):
+            keep_after_lost_login(job.context.log, f"step {handle.name}")
             return
         _cancel_and_consume(job, handle)  # the step must not outlive its Dagster step
         if not isinstance(error, Exception) or isinstance(error, DagsterRunEnded):
