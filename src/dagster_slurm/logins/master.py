@@ -56,7 +56,8 @@ def _hop(target: SSHTarget, ssh: str) -> list[str]:
         argv = ["-o", f"UserKnownHostsFile={target.known_hosts_path}", *argv]
     argv = ["-o", f"StrictHostKeyChecking={_CHECKING[target.host_key_checking]}", *argv]
     if target.jump is not None:
-        inner = [ssh, *_hop(target.jump, ssh), "-W", f"{target.host}:{target.port}"]
+        inner = [ssh, *_hop(target.jump, ssh), "-W", f"{target.host}:{target.port}",
+                 target.jump.host]
         # ssh expands %-tokens in ProxyCommand: a literal % is written %%
         argv = ["-o", "ProxyCommand=" + shlex.join(inner).replace("%", "%%"), *argv]
     return argv
