@@ -1,6 +1,11 @@
 """Settings for the whole test suite."""
 
+import os
 import signal
+
+# Shared logins (dagster-slurm login) of whoever runs the tests are not the tests' business:
+# the tests use a directory of their own, where the shared-login tests start theirs.
+os.environ["DAGSTER_SLURM_LOGIN_DIR"] = f"/tmp/dslurm-test-logins-{os.getuid()}"
 
 # A pytest started in the background (``&``, some CI runners) ignores SIGINT. Dagster gives
 # SIGTERM the handler of SIGINT whenever it restores its interrupt handlers (after each

@@ -23,6 +23,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -30,7 +31,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from dagster_slurm.errors import CommandTimeout, LoginRequired, RemoteProgramEnded, TransportError
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
@@ -43,8 +43,20 @@ SSH_FAILURE = 255
 CHECK_TIMEOUT = 10.0
 """Seconds ``ssh -O check`` may take (a local request to the master)."""
 
+log = logging.getLogger("dagster_slurm.ssh")
+
 _MUX_TROUBLE = ("control socket", "mux_client", "controlsocket", "kex_exchange_identification",
                 "connection closed by unknown", "master refused", "session open refused")
+
+_SESSION_REFUSED = ("session open refused", "administratively prohibited")
+"""What ssh says when the server refused a new session on the master's connection (its
+``MaxSessions`` is reached): nothing ran, so the command is started again later."""
+
+STREAM_OPEN = "dagster-slurm-session-open"
+"""The line a stream's session prints before its command starts: the session is open."""
+
+SESSION_RETRY_DELAY = 0.2
+"""Seconds between tries while the server refuses new sessions (doubling up to 5 s)."""
 
 
 def client_argv(place: LoginPlace, ssh: str = "ssh") -> list[str]:
@@ -149,23 +161,41 @@ class OpenSSHTransport:
             raise CommandTimeout(f"no free session to {self.target.label} within {limit:.0f} s "
                                  f"({self.options.max_channels} in use)")
         try:
-            proc = self._spawn(command)
-            try:
-                out, err = proc.communicate(stdin or b"", timeout=max(limit - (time.monotonic()
-                                                                               - start), 0.001))
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                raise CommandTimeout(f"{command[:200]!r} on {self.target.label} did not finish "
-                                     "in time") from None
+            code, out, err = self._run_once(command, stdin, start + limit)
+            delay = SESSION_RETRY_DELAY
+            while code == SSH_FAILURE and _session_refused(err):
+                if time.monotonic() + delay >= start + limit:
+                    raise CommandTimeout(
+                        f"the login node refused a new session for {command[:200]!r} on the "
+                        f"shared login to {self.target.label} for {limit:.0f} s: its sshd "
+                        "allows that many sessions per connection (MaxSessions) and all are "
+                        "in use by this machine's processes")
+                log.info("the login node refuses more sessions on the shared login to %s "
+                         "(MaxSessions reached); trying again in %.1f s", self.target.label,
+                         delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                code, out, err = self._run_once(command, stdin, start + limit)
         finally:
             self._channels.release()
-        code = proc.returncode
         err_text = err.decode("utf-8", "replace")
         if code == SSH_FAILURE and (_mux_trouble(err_text) or not self.alive()):
             raise self.failure(command, err_text)
         self.stats.record(argv[0], len(stdin or b""), len(out) + len(err))
         return CommandResult(command, code, out.decode("utf-8", "replace"), err_text,
                              time.monotonic() - start)
+
+    def _run_once(self, command: str, stdin: bytes | None,
+                  deadline: float) -> tuple[int, bytes, bytes]:
+        proc = self._spawn(command)
+        try:
+            out, err = proc.communicate(stdin or b"", timeout=max(deadline - time.monotonic(),
+                                                                  0.001))
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise CommandTimeout(f"{command[:200]!r} on {self.target.label} did not finish "
+                                 "in time") from None
+        return proc.returncode, out, err
 
     def open_stream(self, argv: Sequence[str]) -> OpenSSHStream:
         """Start ``argv`` as a long-lived stream (one session of the master while open)."""
@@ -182,6 +212,11 @@ class OpenSSHTransport:
     def spawn(self, command: str) -> subprocess.Popen[bytes]:
         """Start ``command`` as a session of the master (for :class:`OpenSSHStream`)."""
         return self._spawn(command)
+
+
+def _session_refused(stderr: bytes) -> bool:
+    text = stderr.decode("utf-8", "replace").lower()
+    return any(word in text for word in _SESSION_REFUSED)
 
 
 def _mux_trouble(stderr: str) -> bool:
@@ -209,10 +244,13 @@ class OpenSSHStream:
             raise CommandTimeout(f"no free session to {transport.target.label} for a stream")
         self._released = False
         try:
-            self._proc = transport.spawn(self._command)
+            self._open(transport.options.command_timeout)
         except BaseException:
             self._release()
             raise
+
+    def _start(self) -> None:
+        self._proc = self._owner.spawn(f"echo {STREAM_OPEN}; exec {self._command}")
         assert self._proc.stdin is not None and self._proc.stdout is not None
         assert self._proc.stderr is not None
         self._out = self._proc.stdout.fileno()
@@ -223,6 +261,37 @@ class OpenSSHStream:
         self._err = bytearray()
         self._pending = 0
         self._out_eof = False
+
+    def _open(self, limit: float) -> None:
+        """Start the command and wait for the session to be open (the line
+        :data:`STREAM_OPEN` comes first); a session the server refused (``MaxSessions``)
+        is asked for again with back-off, for at most ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        delay = SESSION_RETRY_DELAY
+        while True:
+            self._start()
+            try:
+                first = self._read_line(max(deadline - time.monotonic(), 0.001))
+            except BaseException:
+                self.close_process()
+                raise
+            if first.strip() == STREAM_OPEN.encode():
+                return
+            self._proc.wait(timeout=CHECK_TIMEOUT)
+            self._drain_stderr()
+            refused = self._proc.returncode == SSH_FAILURE and _session_refused(bytes(self._err))
+            self.close_process()
+            if not refused:
+                raise self._owner.failure(self._command, self.stderr_tail())
+            if time.monotonic() + delay >= deadline:
+                raise CommandTimeout(
+                    f"the login node refused a new session for {self._argv0!r} on the shared "
+                    f"login to {self._owner.target.label} for {limit:.0f} s (MaxSessions)")
+            log.info("the login node refuses more sessions on the shared login to %s "
+                     "(MaxSessions reached); trying again in %.1f s",
+                     self._owner.target.label, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def _release(self) -> None:
         if not self._released:
@@ -258,15 +327,22 @@ class OpenSSHStream:
             self._err = (self._err + chunk)[-8192:]
 
     def readline(self, timeout: float) -> bytes:
+        line = self._read_line(timeout)
+        if not line:
+            return self._ended()
+        self._owner.stats.record(self._argv0, self._pending, len(line))
+        return line
+
+    def _read_line(self, timeout: float) -> bytes:
+        """The next line of output, ``b""`` at its end."""
         deadline = time.monotonic() + timeout
         while True:
             self._drain_stderr()
             line = self._lines.pop_line()
             if line is not None:
-                self._owner.stats.record(self._argv0, self._pending, len(line))
                 return line
             if self._out_eof:
-                return self._ended()
+                return b""
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CommandTimeout(f"no answer from {self._argv0!r} on "
@@ -301,23 +377,22 @@ class OpenSSHStream:
 
     def close(self) -> None:
         try:
-            stdin = self._proc.stdin
-            if stdin is not None and not stdin.closed:
-                try:
-                    stdin.close()
-                except OSError:
-                    pass
-            try:
-                self._proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                _kill(self._proc)
-            for handle in (self._proc.stdout, self._proc.stderr):
-                if handle is not None:
-                    handle.close()
+            self.close_process()
         finally:
             self._release()
 
-
-def socket_exists(place: LoginPlace) -> bool:
-    """Whether ``place``'s control socket file exists (a cheap first check)."""
-    return Path(place.socket).exists()
+    def close_process(self) -> None:
+        """End the ssh client process of this stream (its session ends with it)."""
+        stdin = self._proc.stdin
+        if stdin is not None and not stdin.closed:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            _kill(self._proc)
+        for handle in (self._proc.stdout, self._proc.stderr):
+            if handle is not None:
+                handle.close()
