@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from dagster_slurm.errors import ConfigurationError
@@ -15,39 +14,43 @@ from dagster_slurm.transport.ssh_target import SSHTarget
 ENV_PREFIX = "SLURM_EDGE_NODE_"
 
 
-def _hop(text: str, user: str, known_hosts: str | None) -> SSHTarget:
+def _jump(text: str, known_hosts: str | None) -> SSHConnectionResource:
     """``[user@]host[:port]`` of a jump host."""
     who, _, rest = text.rpartition("@")
     host, _, port = rest.partition(":")
     if not host or (port and not port.isdigit()):
         raise ConfigurationError("--jump", text, "must be [user@]host[:port]")
-    return SSHTarget(host=host, port=int(port or 22), user=who or user,
-                     known_hosts_path=known_hosts)
+    fields: dict[str, object] = {"host": host, "known_hosts_path": known_hosts}
+    if who:
+        fields["user"] = who
+    if port:
+        fields["port"] = int(port)
+    return SSHConnectionResource(**fields)
 
 
 def target_of(args: argparse.Namespace, environ: dict[str, str] | None = None) -> SSHTarget:
     """The login target: the ``<prefix>*`` variables as read by
-    :meth:`SSHConnectionResource.from_env`, each overridden by the option given."""
+    :meth:`SSHConnectionResource.from_env`, each overridden by the option given, resolved
+    as the resource resolves it (``~/.ssh/config`` included)."""
     try:
-        target = SSHConnectionResource.from_env(args.prefix, environ).to_target()
+        resource = SSHConnectionResource.from_env(args.prefix, environ)
     except ConfigurationError as exc:
-        if not (args.host and args.user):
+        if not args.host:
             raise ConfigurationError(
-                "--host" if not args.host else "--user", None,
+                "--host", None,
                 f"is required when the environment does not name the login node ({exc})",
             ) from None
-        target = SSHTarget(host=args.host, port=22, user=args.user)
+        resource = SSHConnectionResource(host=args.host)
     changes: dict[str, object] = {"password": None}
     for option, field in (("host", "host"), ("port", "port"), ("user", "user"),
                           ("key", "key_path"), ("known_hosts", "known_hosts_path")):
         value = getattr(args, option)
         if value is not None and value != "":
             changes[field] = value
-    target = dataclasses.replace(target, **changes)
     if args.jump:
-        target = dataclasses.replace(target, jump=_hop(args.jump, target.user,
-                                                       target.known_hosts_path))
-    return target
+        changes["jump_host"] = _jump(args.jump, changes.get("known_hosts_path",  # type: ignore[arg-type]
+                                                            resource.known_hosts_path))
+    return resource.model_copy(update=changes).to_target()
 
 
 def _login(args: argparse.Namespace) -> int:

@@ -67,12 +67,15 @@ def master_argv(target: SSHTarget, place: LoginPlace, idle_lifetime: float,
                 ssh: str = "ssh") -> list[str]:
     """The ``ssh`` command that starts ``target``'s shared login master at ``place``.
 
-    Passwords are never on it: ssh asks for them on the terminal."""
+    Passwords are never on it: ssh asks for them on the terminal. A target resolved from a
+    ``Host`` alias of ``~/.ssh/config`` is reached by that alias, so that everything its
+    block says applies (GSSAPI, certificates, ...); the resolved user, port and jump hosts
+    are given explicitly as well, and agree with it."""
     return [
         ssh, "-o", "ControlMaster=yes", "-S", str(place.socket),
         "-o", f"ControlPersist={max(int(idle_lifetime), 1)}s",
         "-o", "ServerAliveInterval=30", "-E", str(log_path(place)), "-N", "-f",
-        *_hop(target, ssh), target.host,
+        *_hop(target, ssh), target.alias or target.host,
     ]
 
 

@@ -1,8 +1,10 @@
 """OpenSSH user certificates next to the key: checked, and renewed when asked, before a login.
 
-A key at ``key_path`` may come with a certificate ``<key_path>-cert.pub`` signed by the
-site's SSH certificate authority (step-ca, Vault, a site's own signer); paramiko offers
-the certificate with the key (:func:`dagster_slurm.transport.ssh_login.load_key`). Such
+A key at ``key_path`` may come with a certificate signed by the site's SSH certificate
+authority (step-ca, Vault, a site's own signer): the file ``SSHTarget.certificate_path``
+when set (``CertificateFile`` of an SSH config file), else ``<key_path>-cert.pub``
+(:func:`certificate_file`); paramiko offers the certificate with the key
+(:func:`dagster_slurm.transport.ssh_login.load_key`). Such
 certificates are often short-lived. Before every login (the first one and each reconnect)
 :func:`prepare_certificate` reads the certificate's validity again (nothing is cached
 between logins, so a certificate renewed in the meantime is seen) and:
@@ -61,8 +63,18 @@ _TIME_FORMATS = ("%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S")
 
 
 def certificate_path(key_path: str) -> str:
-    """The certificate file of the key ``key_path`` (``~`` expanded)."""
+    """The certificate file of the key ``key_path`` by OpenSSH's naming (``~`` expanded)."""
     return os.path.expanduser(key_path) + CERTIFICATE_SUFFIX
+
+
+def certificate_file(target: SSHTarget) -> str | None:
+    """The certificate file of ``target``'s key (``~`` expanded): ``certificate_path`` when
+    set, else :func:`certificate_path` of ``key_path``; None without ``key_path``."""
+    if not target.key_path:
+        return None
+    if target.certificate_path:
+        return os.path.expanduser(target.certificate_path)
+    return certificate_path(target.key_path)
 
 
 def shown_time(moment: datetime) -> str:
@@ -195,11 +207,11 @@ def _run_renewal(target: SSHTarget, command: Sequence[str], reason: str) -> tupl
 
 def prepare_certificate(target: SSHTarget, *, now: datetime | None = None) -> None:
     """Check (and renew, when ``target`` has a renewal command) the certificate of
-    ``target.key_path`` before a login; see the module docstring. Nothing to do without
-    ``key_path``."""
-    if not target.key_path:
+    ``target.key_path`` (:func:`certificate_file`) before a login; see the module
+    docstring. Nothing to do without ``key_path``."""
+    path = certificate_file(target)
+    if path is None:
         return
-    path = certificate_path(target.key_path)
     command = target.certificate_renew_command
     exists = os.path.exists(path)
     validity = read_validity(target, path) if exists else None
@@ -219,7 +231,7 @@ def prepare_certificate(target: SSHTarget, *, now: datetime | None = None) -> No
         if not os.path.exists(path):
             raise failure(target, f"the certificate renewal command {after}, but {path} "
                           f"does not exist; its output: {_tail(output)}",
-                          "that the command writes the certificate next to key_path",
+                          "that the command writes the certificate to that file",
                           kind=CertificateError)
         validity = read_validity(target, path)
         moment = now or datetime.now(UTC)
@@ -227,7 +239,7 @@ def prepare_certificate(target: SSHTarget, *, now: datetime | None = None) -> No
         if problem:
             raise failure(target, f"{problem}, after the certificate renewal command {after}; "
                           f"its output: {_tail(output)}",
-                          "that the command writes a fresh certificate next to key_path",
+                          "that the command writes a fresh certificate to that file",
                           kind=CertificateError)
         return
     problem = validity.problem(moment) if validity is not None else None

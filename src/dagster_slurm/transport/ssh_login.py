@@ -28,7 +28,7 @@ import socket
 import paramiko
 from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
-from dagster_slurm.errors import AuthenticationFailed, TransportError
+from dagster_slurm.errors import AuthenticationFailed, CertificateError, TransportError
 from dagster_slurm.transport.ssh_target import SSHTarget
 
 #: How to reach a network that the login node is in, for every "cannot reach" message.
@@ -40,17 +40,21 @@ def credentials(target: SSHTarget) -> str:
     """How ``target`` logs in, for messages (never the secret): ``key ~/.ssh/id``,
     ``password``, ``ssh-agent keys``."""
     if target.key_path:
-        return f"key {target.key_path}"
+        certificate = f" with certificate {target.certificate_path}" \
+            if target.certificate_path else ""
+        return f"key {target.key_path}{certificate}"
     if target.password:
         return "password"
     return "ssh-agent keys" if target.allow_agent else "no key, password or ssh-agent"
 
 
 def tried(target: SSHTarget) -> str:
-    """``alice@login:22 (key ~/.ssh/id, through jump host bob@bastion:22)``."""
-    via = f", through jump host {target.jump.user}@{target.jump.host}:{target.jump.port}" \
-        if target.jump else ""
-    return f"{target.user}@{target.host}:{target.port} ({credentials(target)}{via})"
+    """``alice@login:22 (key ~/.ssh/id, through jump host bob@bastion:22)``; the host and
+    port are the resolved ones, with the ``Host`` name written when an SSH config file
+    resolved it: ``alice@10.0.0.5:22 (Host login, key ~/.ssh/id)``."""
+    alias = f"Host {target.alias}, " if target.alias else ""
+    via = f", through jump host {target.jump.address}" if target.jump else ""
+    return f"{target.user}@{target.host}:{target.port} ({alias}{credentials(target)}{via})"
 
 
 def failure(target: SSHTarget, answered: str, check: str, *,
@@ -63,16 +67,19 @@ def failure(target: SSHTarget, answered: str, check: str, *,
 
 
 def load_key(target: SSHTarget) -> paramiko.PKey | None:
-    """The private key of ``target.key_path`` (with its ``-cert.pub`` certificate when there
-    is one); None without ``key_path``. Raises :class:`AuthenticationFailed` when the file
-    cannot be used: missing, unreadable, protected by a passphrase (the library asks for
-    none), or not a private key (a ``.pub`` file)."""
+    """The private key of ``target.key_path`` with its certificate when there is one (the
+    file ``target.certificate_path`` when set, else ``<key_path>-cert.pub``); None without
+    ``key_path``. Raises :class:`AuthenticationFailed` when the key file cannot be used:
+    missing, unreadable, protected by a passphrase (the library asks for none), or not a
+    private key (a ``.pub`` file); :class:`CertificateError` when the certificate file
+    named by ``certificate_path`` is not a certificate of the key."""
     if not target.key_path:
         return None
     path = os.path.expanduser(target.key_path)
-    setting = "key_path (a file on the machine that runs Dagster; ~ is expanded)"
+    setting = ("key_path, or IdentityFile in the SSH config file (a file on the machine "
+               "that runs Dagster; ~ is expanded)")
     try:
-        return paramiko.PKey.from_path(path)
+        key = paramiko.PKey.from_path(path)
     except FileNotFoundError:
         raise failure(target, f"the key file {path} does not exist", setting,
                       kind=AuthenticationFailed) from None
@@ -93,6 +100,24 @@ def load_key(target: SSHTarget) -> paramiko.PKey | None:
             "that key_path names the private key (id_ed25519, not id_ed25519.pub)",
             kind=AuthenticationFailed,
         ) from None
+    if target.certificate_path:
+        _load_certificate(target, key, os.path.expanduser(target.certificate_path))
+    return key
+
+
+def _load_certificate(target: SSHTarget, key: paramiko.PKey, path: str) -> None:
+    """Offer the certificate ``path`` with ``key`` instead of ``<key_path>-cert.pub``; a
+    missing file leaves the key alone, without a certificate."""
+    key.public_blob = None  # paramiko attached <key_path>-cert.pub if there is one
+    if not os.path.isfile(path):
+        return
+    try:
+        key.load_certificate(path)
+    except (OSError, ValueError, paramiko.SSHException) as exc:
+        raise failure(target, f"the certificate {path} cannot be used with the key "
+                      f"{target.key_path} ({str(exc).split('. ')[0]})",
+                      "that CertificateFile in the SSH config file names the certificate of "
+                      "the key (IdentityFile)", kind=CertificateError) from None
 
 
 # -- TCP -----------------------------------------------------------------------------------
@@ -250,8 +275,7 @@ def _auth_advice(target: SSHTarget) -> str:
 def jump_failure(target: SSHTarget, exc: TransportError) -> TransportError:
     """``exc`` (the jump host's own failure) said as a failure to reach ``target``, of the
     same class (an authentication failure at the jump host is not retried either)."""
-    return type(exc)(f"cannot reach {target.user}@{target.host}:{target.port} through its "
-                     f"jump host: {exc}")
+    return type(exc)(f"cannot reach {target.address} through its jump host: {exc}")
 
 
 def forward_failure(target: SSHTarget, exc: BaseException) -> TransportError:

@@ -13,10 +13,14 @@ HostKeyChecking = Literal["strict", "accept-new", "off"]
 class SSHTarget:
     """Where and how to log in. ``password``/``key_path`` None means "not used".
 
-    ``certificate_renew_command`` (an argument list run on this machine, None: never run)
-    renews the certificate ``<key_path>-cert.pub`` before a login when it is missing or
-    expires within ``certificate_min_validity`` seconds
-    (:mod:`dagster_slurm.transport.certificates`).
+    The key's OpenSSH certificate is the file ``certificate_path`` when set, else
+    ``<key_path>-cert.pub``. ``certificate_renew_command`` (an argument list run on this
+    machine, None: never run) renews it before a login when it is missing or expires within
+    ``certificate_min_validity`` seconds (:mod:`dagster_slurm.transport.certificates`).
+
+    ``host`` is the name or address connected to; ``alias`` is the ``Host`` name the user
+    wrote when an SSH config file resolved it to another ``host``
+    (:mod:`dagster_slurm.transport.ssh_config`), else None.
     """
 
     host: str
@@ -30,12 +34,22 @@ class SSHTarget:
     jump: SSHTarget | None = None
     certificate_renew_command: tuple[str, ...] | None = None
     certificate_min_validity: float = 300.0
+    certificate_path: str | None = None
+    alias: str | None = None
+
+    @property
+    def address(self) -> str:
+        """``user@host:port``, followed by `` (Host alias)`` when the SSH config file
+        resolved ``alias`` to ``host``."""
+        named = f" (Host {self.alias})" if self.alias else ""
+        return f"{self.user}@{self.host}:{self.port}{named}"
 
     @property
     def label(self) -> str:
-        """``user@host:port`` (through ``jump`` when set), for messages; no secrets."""
+        """:attr:`address` (through ``jump`` when set), for messages; no secrets:
+        ``alice@10.0.0.5:22 (Host login) via alice@192.0.2.1:22 (Host gw)``."""
         via = f" via {self.jump.label}" if self.jump else ""
-        return f"{self.user}@{self.host}:{self.port}{via}"
+        return f"{self.address}{via}"
 
 
 @dataclass(frozen=True)

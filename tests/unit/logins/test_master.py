@@ -99,3 +99,12 @@ def test_without_environment_host_and_user_are_required():
     assert (target.host, target.port, target.user) == ("h", 22, "u")
     with pytest.raises(ConfigurationError, match="--jump"):
         target_of(_args(host="h", user="u", jump="gate:ssh"), {})
+
+
+def test_shared_login_mode_from_the_environment_is_checked():
+    from dagster_slurm.resources.ssh import SSHConnectionResource
+
+    env = {"E_HOST": "h", "E_USER": "u", "E_SHARED_LOGIN": "required"}
+    assert SSHConnectionResource.from_env("E_", env).shared_login == "required"
+    with pytest.raises(ConfigurationError, match="E_SHARED_LOGIN='always'"):
+        SSHConnectionResource.from_env("E_", {**env, "E_SHARED_LOGIN": "always"})
