@@ -23,6 +23,7 @@ from typing import Protocol
 from dagster import PipesMessageHandler
 
 from dagster_slurm.agent.results import TailChunk, TailRequest
+from dagster_slurm.errors import AuthenticationFailed
 from dagster_slurm.pipes.sources import FileSource
 from dagster_slurm.pipes.tailing import TailedFile, Throttle, check_answer
 
@@ -339,6 +340,12 @@ class TailPoller:
             outcome = self._poll(handler)
             elapsed = self._clock() - start
             if self._settled(outcome, elapsed):
+                break
+            if isinstance(self._last_poll_error, AuthenticationFailed):
+                # a login that needs a person (or refused credentials): no read can succeed
+                # until someone logs in, so waiting out drain_timeout would only delay the step
+                log.warning("the final read of the Pipes files stopped: %s",
+                            self._last_poll_error)
                 break
             if elapsed >= self.settings.drain_timeout:
                 self._warn_unread()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pipes_support import CountingSource, FakeClock, FlakySource, RecordingHandler, log_line
 
 from dagster_slurm.agent.results import TailChunk, TailRequest
-from dagster_slurm.errors import TransportError
+from dagster_slurm.errors import LoginRequired, TransportError
 from dagster_slurm.pipes.poller import TailPoller
 from dagster_slurm.pipes.reader import PipesTailMessageReader
 from dagster_slurm.pipes.sources import FileSource, LocalFileSource
@@ -265,6 +265,26 @@ def test_final_drain_gives_up_after_its_timeout_naming_what_was_not_read(
     final = [m for m in caplog.messages if "did not finish within 60 s" in m]
     assert len(final) == 1
     assert f"{files.messages} (not reached)" in final[0] and "Connection refused" in final[0]
+
+
+class LoginGoneSource:
+    """A cluster whose shared login has ended."""
+
+    def read(self, requests: Sequence[TailRequest]) -> list[TailChunk]:
+        raise LoginRequired("the shared login is not up. Log in once with: dagster-slurm login")
+
+
+def test_final_drain_stops_at_once_when_the_login_needs_a_person(
+    files: Files, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    reader = files.reader(LoginGoneSource(), drain_timeout=60.0, clock=clock, sleep=clock.sleep)
+    with caplog.at_level(logging.WARNING, "dagster_slurm.pipes"):
+        with reader.read_messages(RecordingHandler()):  # type: ignore[arg-type]
+            pass
+    assert clock.now < 60.0, "the drain waited for a login nobody gives"
+    assert any("final read of the Pipes files stopped" in m and "dagster-slurm login" in m
+               for m in caplog.messages)
 
 
 def test_final_drain_waits_for_the_closed_message_within_its_grace(files: Files) -> None:
