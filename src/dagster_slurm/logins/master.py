@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dagster_slurm.errors import AuthenticationFailed, ConfigurationError
+from dagster_slurm.transport.certificates import prepare_certificate
 from dagster_slurm.transport.login_place import LoginPlace, LoginRecord, ensure_private_dir
 from dagster_slurm.transport.openssh import control_argv, master_pid
 from dagster_slurm.transport.ssh_target import SSHTarget
@@ -136,13 +137,16 @@ def status(place: LoginPlace, ssh: str = "ssh") -> LoginStatus:
 def start(target: SSHTarget, place: LoginPlace, idle_lifetime: float = DEFAULT_IDLE_LIFETIME,
           ssh: str = "ssh") -> LoginStatus:
     """Start the master unless it is up, letting ``ssh`` prompt on this terminal; returns
-    the status. Raises :class:`AuthenticationFailed` with the end of ssh's log when the
-    login fails."""
+    the status. The certificate next to the key is checked (and renewed when the target
+    says how) first: an expired one raises
+    :class:`~dagster_slurm.errors.CertificateError` naming its expiry before ssh runs.
+    Raises :class:`AuthenticationFailed` with the end of ssh's log when the login fails."""
     ensure_private_dir(place.directory)
     place.check_socket_path()
     current = status(place, ssh)
     if current.up:
         return current
+    prepare_certificate(target)  # an expired certificate is named before ssh tries it
     place.socket.unlink(missing_ok=True)  # a stale socket of a master that died
     log = log_path(place)
     log.unlink(missing_ok=True)

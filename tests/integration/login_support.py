@@ -1,0 +1,58 @@
+"""Driving ``dagster-slurm login`` at a real prompt: a pseudo-terminal, as a person would."""
+
+import os
+import pty
+import re
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+CLI = [sys.executable, "-m", "dagster_slurm.cli"]
+
+
+@dataclass
+class Typed:
+    """What the terminal showed and the command's exit status."""
+
+    output: str
+    exit_code: int
+
+
+def at_a_terminal(argv: list[str], env: Mapping[str, str], answers: list[tuple[str, Callable[[], str]]],
+                  timeout: float = 60.0) -> Typed:
+    """Run ``argv`` with a pseudo-terminal as its controlling terminal; each time the output
+    matches the next pattern of ``answers``, type what its callable returns and Enter."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its terminal is the pty
+        os.execvpe(argv[0], argv, dict(env))
+    output = b""
+    pending = list(answers)
+    deadline = time.monotonic() + timeout
+    done, status = 0, 0
+    try:
+        while time.monotonic() < deadline and not done:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if pending and re.search(pending[0][0], output.decode(errors="replace")[-400:]):
+                _, answer = pending.pop(0)
+                os.write(fd, answer().encode() + b"\n")
+                output += b"<typed>\n"
+        if not done:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    return Typed(output.decode(errors="replace"), os.waitstatus_to_exitcode(status))
