@@ -140,3 +140,60 @@ def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
         if job_id:
             subprocess.run(["scancel", job_id], env={"SLURM_CONF": env["SLURM_CONF"]},
                            check=False)
+
+
+def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path, slurm_cluster,
+                                                                  login):
+    from dagster_slurm import ComputeResource, SlurmRunAllocationConfig
+
+    release = Path(slurm_cluster.deployment_base_path) / f"release-{uuid.uuid4().hex[:8]}"
+    held = write_payload(tmp_path, "held.py", f"""
+        import os, time
+        from dagster_pipes import open_dagster_pipes
+        with open_dagster_pipes() as pipes:
+            pipes.log.info("holding in the allocation")
+            deadline = time.monotonic() + 240
+            while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:
+                time.sleep(0.2)
+    """)
+    slurm = slurm_resource(env)
+    ssh = slurm.ssh.model_copy(update={"shared_login": "required"})
+    resource = ComputeResource(
+        mode="slurm", slurm=slurm.model_copy(update={"ssh": ssh}), allocation_scope="run",
+        run_allocation=SlurmRunAllocationConfig(heartbeat_interval=2.0),
+        env_packages=["dagster-pipes"],
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.__setitem__(
+        "result", materialize_one(held, resource, raise_on_error=False, instance=instance)))
+    runner.start()
+    allocation = None
+    try:
+        def holding() -> bool:
+            return any("holding in the allocation" in (entry.user_message or "")
+                       for run in instance.get_runs() for entry in instance.all_logs(run.run_id))
+
+        wait_until(holding, 180, "the payload to run in the allocation")
+        (run,) = instance.get_runs()
+        names = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], capture_output=True,
+                               text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
+        (allocation,) = [line.split("|")[0] for line in names
+                         if line.split("|")[1].startswith(f"dsr-{run.run_id}")]
+        assert "ended" in _cli(env, "logout").stdout
+        runner.join(120)
+        assert not runner.is_alive(), "the step did not fail after the login ended"
+        text = step_failure(out["result"])
+        assert "LoginRequired" in text and "dagster-slurm login" in text
+        assert squeue_state(env, allocation) == "RUNNING", "the lost login ended the allocation"
+        steps = subprocess.run(["squeue", "-h", "-s", "-j", allocation, "-o", "%i"],
+                               capture_output=True, text=True,
+                               env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
+        assert any(not step.endswith((".batch", ".extern")) for step in steps), (
+            f"the payload's job step was cancelled: {steps}")
+    finally:
+        release.write_text("")
+        runner.join(120)
+        if allocation:
+            subprocess.run(["scancel", allocation], env={"SLURM_CONF": env["SLURM_CONF"]},
+                           check=False)
