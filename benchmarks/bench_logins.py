@@ -84,14 +84,13 @@ def sensor_worker(interval: float, duration: float) -> None:
     from dagster_slurm import build_slurm_orphan_reconcile_sensor
 
     compute = _compute(os.environ["BENCH_LOGINS_MODE"])
-    sensor = build_slurm_orphan_reconcile_sensor(resource_key="compute")
+    sensor = build_slurm_orphan_reconcile_sensor(slurm=compute.slurm)
     ticks = 0
     end = time.monotonic() + duration
     with dg.DagsterInstance.ephemeral() as instance:
         while time.monotonic() < end:
             started = time.monotonic()
-            context = dg.build_sensor_context(instance=instance, resources={"compute": compute})
-            sensor(context)
+            sensor(dg.build_sensor_context(instance=instance))
             ticks += 1
             time.sleep(max(interval - (time.monotonic() - started), 0.0))
     print(f"ticks={ticks}")

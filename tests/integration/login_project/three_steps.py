@@ -50,10 +50,10 @@ def run() -> int:
 
 
 def sensor_tick() -> int:
-    sensor = build_slurm_orphan_reconcile_sensor(resource_key="compute")
+    sensor = build_slurm_orphan_reconcile_sensor(slurm=_compute().slurm)
     with dg.DagsterInstance.ephemeral() as instance:
-        context = dg.build_sensor_context(instance=instance, resources={"compute": _compute()})
-        sensor(context)
+        result = sensor(dg.build_sensor_context(instance=instance))
+        print(getattr(result, "skip_message", result))
     return 0
 
 
