@@ -46,15 +46,17 @@ def ensure_keypair(path: Path, comment: str) -> bool:
 
 
 def ensure_keys(settings: Settings) -> None:
-    """Host key, client key and a known_hosts file with the ``[127.0.0.1]:PORT`` entry."""
+    """Host key, client key and a known_hosts file with a ``[127.0.0.1]:PORT`` entry for
+    the login node and each chosen login site (all of them share the host key)."""
     paths = settings.paths
     paths.ssh.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.ssh, 0o700)
     ensure_keypair(paths.host_key, "dagster-slurm-dev-host")
     ensure_keypair(paths.client_key, "dagster-slurm-dev-client")
     key_type, key_data = paths.host_key.with_suffix(".pub").read_text().split()[:2]
-    entry = f"[{settings.ssh_host}]:{settings.ssh_port} {key_type} {key_data}\n"
-    write_if_changed(paths.known_hosts, entry, 0o644)
+    ports = [settings.ssh_port, *(settings.site_port(site) for site in settings.login_sites)]
+    entries = "".join(f"[{settings.ssh_host}]:{port} {key_type} {key_data}\n" for port in ports)
+    write_if_changed(paths.known_hosts, entries, 0o644)
 
 
 def _password_locked(user: str) -> bool:
