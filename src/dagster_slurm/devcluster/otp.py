@@ -12,8 +12,8 @@ step.
 sshd must run this site's PAM stack, never the machine's own ``/etc/pam.d/sshd``. An sshd
 that knows ``PAMServiceName`` (OpenSSH 9.8 and later) is told the service name in its
 configuration; older ones use their program name as the service name, so they run through
-a symbolic link of that name (:func:`program_link`). :func:`pam_service_option_supported`
-asks the installed sshd which of the two applies.
+a symbolic link of that name (:func:`program_link`). ``up`` asks the installed sshd which
+of the two applies (:func:`dagster_slurm.devcluster.sshd.accepts_option`).
 """
 
 from __future__ import annotations
@@ -23,15 +23,12 @@ import hmac
 import os
 import secrets
 import struct
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from dagster_slurm.devcluster.config import write_if_changed
 from dagster_slurm.devcluster.errors import DevClusterError, NotRootError
 from dagster_slurm.devcluster.layout import Paths
-from dagster_slurm.devcluster.processes import daemon_env
 
 #: Name of the PAM service (``/etc/pam.d/<name>``) of the ``otp`` site.
 PAM_SERVICE = "dagster-slurm-otp"
@@ -114,29 +111,6 @@ def read_secret(paths: Paths) -> bytes:
 def current_code(paths: Paths, at: float | None = None) -> str:
     """The code the ``otp`` site accepts at ``at`` (default: now)."""
     return totp(read_secret(paths), time.time() if at is None else at)
-
-
-def pam_service_option_supported(sshd: str, host_key: Path) -> bool:
-    """True when ``sshd`` accepts ``PAMServiceName`` (checked with ``sshd -t`` on a probe
-    configuration); False when it rejects that option. Raises :class:`DevClusterError`
-    when the probe fails for another reason."""
-    probe = f"HostKey {host_key}\nUsePAM yes\nPAMServiceName {PAM_SERVICE}\n"
-    with tempfile.NamedTemporaryFile("w", prefix="sshd-probe-", suffix=".conf") as handle:
-        handle.write(probe)
-        handle.flush()
-        proc = subprocess.run(
-            [sshd, "-t", "-f", handle.name],
-            env=daemon_env(),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    if proc.returncode == 0:
-        return True
-    if "PAMServiceName" in proc.stderr:
-        return False
-    raise DevClusterError(f"{sshd} -t on a probe configuration failed: {proc.stderr.strip()}")
 
 
 def program_link(paths: Paths, sshd: str) -> Path:

@@ -29,7 +29,7 @@ from dagster_slurm.devcluster.config import RenderedFile, render_template, write
 from dagster_slurm.devcluster.daemons import DaemonSpec, executable, in_node_namespace
 from dagster_slurm.devcluster.layout import BASTION_NODE, LOGIN_NODE, Settings, site_daemon
 from dagster_slurm.devcluster.processes import ssh_banner
-from dagster_slurm.devcluster.sshd import ensure_keypair
+from dagster_slurm.devcluster.sshd import accepts_option, ensure_keypair
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,19 @@ SITE_COMMS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Turns off OpenSSH's per-source penalties (9.8 and later): every client of these sites
+#: comes from the same address, and the refused logins that tests make on purpose would
+#: otherwise lock all of them out for a while.
+NO_PENALTIES = "PerSourcePenalties no"
+
+
 @dataclass(frozen=True)
 class SitePlan:
-    """How the sites run on this machine: whether sshd takes ``PAMServiceName`` (else the
-    ``otp`` site's sshd runs through a link named after the PAM service)."""
+    """What the installed sshd accepts: ``PAMServiceName`` (else the ``otp`` site's sshd
+    runs through a link named after the PAM service) and ``PerSourcePenalties``."""
 
     pam_service_option: bool = True
+    penalties_option: bool = True
 
 
 def site_nodes() -> list[str]:
@@ -91,6 +98,8 @@ def render_site_config(settings: Settings, name: str, plan: SitePlan) -> str:
     paths = settings.paths
     site = SITES[name]
     values: dict[str, object] = {
+        "penalties": NO_PENALTIES if plan.penalties_option
+        else "# (this sshd has no per-source penalties)",
         "port": settings.site_port(name),
         "listen": settings.ssh_listen,
         "host_key": paths.host_key,
@@ -134,10 +143,13 @@ def prepare_sites(settings: Settings) -> tuple[SitePlan, list[str]]:
     the names of the files rewritten. Needs the host key (``sshd.ensure_keys``)."""
     paths = settings.paths
     plan = SitePlan()
+    sshd = executable("sshd")
+    if settings.login_sites:
+        plan = SitePlan(penalties_option=accepts_option(sshd, paths.host_key, NO_PENALTIES))
     if "otp" in settings.login_sites:
         otp.ensure_secret(paths, settings.user)
-        sshd = executable("sshd")
-        plan = SitePlan(pam_service_option=otp.pam_service_option_supported(sshd, paths.host_key))
+        by_option = accepts_option(sshd, paths.host_key, f"PAMServiceName {otp.PAM_SERVICE}")
+        plan = SitePlan(pam_service_option=by_option, penalties_option=plan.penalties_option)
         if not plan.pam_service_option:
             otp.program_link(paths, sshd)
     if "cert" in settings.login_sites:

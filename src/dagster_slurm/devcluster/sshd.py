@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,3 +142,22 @@ def _merge_key(authorized: Path, public_key: str) -> bool:
 def ensure_privsep_dir() -> None:
     """Create /run/sshd, which sshd requires and which is missing without an init system."""
     PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+
+def accepts_option(sshd: str, host_key: Path, line: str) -> bool:
+    """True when ``sshd`` accepts the configuration line ``line`` (``sshd -t`` on a probe
+    configuration with ``host_key``), False when it rejects that line's keyword (an older
+    OpenSSH). Raises :class:`DevClusterError` when the probe fails for another reason."""
+    keyword = line.split()[0]
+    with tempfile.NamedTemporaryFile("w", prefix="sshd-probe-", suffix=".conf") as probe:
+        probe.write(f"HostKey {host_key}\nUsePAM yes\n{line}\n")
+        probe.flush()
+        proc = subprocess.run(
+            [sshd, "-t", "-f", probe.name],
+            env=daemon_env(), capture_output=True, text=True, timeout=30, check=False,
+        )
+    if proc.returncode == 0:
+        return True
+    if keyword in proc.stderr:
+        return False
+    raise DevClusterError(f"{sshd} -t on a probe configuration failed: {proc.stderr.strip()}")

@@ -20,6 +20,7 @@ from dagster_slurm.devcluster.layout import (
     resolve_settings,
 )
 from dagster_slurm.devcluster.otp import PAM_DIR, PAM_SERVICE
+from dagster_slurm.devcluster.sshd import accepts_option
 
 
 def _config(text: str) -> dict[str, list[str]]:
@@ -176,3 +177,41 @@ def test_known_hosts_covers_every_chosen_site(settings: Settings) -> None:
         "[127.0.0.1]:2222", "[127.0.0.1]:2223", "[127.0.0.1]:2225",
     ]
     assert len({tuple(line.split()[1:]) for line in lines}) == 1, "one host key for all"
+
+
+@pytest.mark.parametrize("option", [True, False])
+def test_per_source_penalties_are_off_where_sshd_has_them(
+    settings: Settings, option: bool
+) -> None:
+    plan = sites.SitePlan(penalties_option=option)
+    for name in LOGIN_SITES:
+        config = _config(sites.render_site_config(settings, name, plan))
+        assert config.get("PerSourcePenalties") == (["no"] if option else None)
+
+
+def _fake_sshd(tmp_path: Path, knows: str, other_error: str = "") -> str:
+    """A stand-in for ``sshd -t -f FILE`` that knows only the keyword ``knows`` of the
+    probed ones, rejecting others as OpenSSH does with an unknown keyword."""
+    script = tmp_path / "sshd"
+    if other_error:
+        body = f'echo "{other_error}" >&2; exit 255'
+    else:
+        body = (
+            f'word=$(tail -n 1 "$3" | cut -d" " -f1); [ "$word" = {knows} ] && exit 0; '
+            'echo "$3: line 3: Bad configuration option: $word" >&2; exit 255'
+        )
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_probe_tells_which_options_sshd_accepts(tmp_path: Path) -> None:
+    sshd = _fake_sshd(tmp_path, knows="PerSourcePenalties")
+    assert accepts_option(sshd, tmp_path / "key", sites.NO_PENALTIES)
+    assert not accepts_option(sshd, tmp_path / "key", f"PAMServiceName {PAM_SERVICE}")
+
+
+def test_other_probe_failures_are_errors(tmp_path: Path) -> None:
+    sshd = _fake_sshd(tmp_path, "", other_error="Missing privilege separation directory")
+    with pytest.raises(DevClusterError, match="privilege separation"):
+        accepts_option(sshd, tmp_path / "key", sites.NO_PENALTIES)

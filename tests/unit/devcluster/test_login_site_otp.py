@@ -99,35 +99,6 @@ def test_no_secret_says_how_to_start_the_site(
         otp.current_code(paths)
 
 
-def _fake_sshd(tmp_path: Path, knows_pam_service_name: bool, other_error: str = "") -> str:
-    """A stand-in for ``sshd -t -f FILE`` that rejects PAMServiceName like OpenSSH < 9.8."""
-    script = tmp_path / "sshd"
-    if other_error:
-        body = f'echo "{other_error}" >&2; exit 255'
-    elif knows_pam_service_name:
-        body = "exit 0"
-    else:
-        body = (
-            'if grep -q PAMServiceName "$3"; then '
-            'echo "$3: line 3: Bad configuration option: PAMServiceName" >&2; exit 255; fi'
-        )
-    script.write_text(f"#!/bin/sh\n{body}\n")
-    script.chmod(0o755)
-    return str(script)
-
-
-@pytest.mark.parametrize("knows", [True, False])
-def test_pam_service_option_is_detected(tmp_path: Path, knows: bool) -> None:
-    sshd = _fake_sshd(tmp_path, knows)
-    assert otp.pam_service_option_supported(sshd, tmp_path / "host_key") is knows
-
-
-def test_other_probe_failures_are_errors(tmp_path: Path) -> None:
-    sshd = _fake_sshd(tmp_path, True, other_error="Missing privilege separation directory")
-    with pytest.raises(DevClusterError, match="privilege separation"):
-        otp.pam_service_option_supported(sshd, tmp_path / "host_key")
-
-
 def test_program_link_is_named_after_the_pam_service(paths: Paths) -> None:
     link = otp.program_link(paths, "/usr/sbin/sshd")
     assert link.name == otp.PAM_SERVICE and os.readlink(link) == "/usr/sbin/sshd"
