@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs the project into ./.venv, installs and starts the dev
-# cluster (real Slurm, MariaDB + slurmdbd, sshd; needs root), then runs pytest.
+# cluster (real Slurm, MariaDB + slurmdbd, sshd and its login sites; needs root), then runs
+# pytest.
 #
 # Without arguments the unit tests (tests/unit: no cluster, mostly CPU) run in a second
 # pytest process beside the integration tests (tests/integration: mostly waiting on the one
@@ -10,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DAGSTER_SLURM_EXTRAS=${DAGSTER_SLURM_EXTRAS:-dev,ray,spark} bash scripts/bootstrap.sh
-.venv/bin/dagster-slurm dev-cluster up
+# The login sites (one-time code, certificates, bastion) for tests/integration/test_login_sites.py.
+.venv/bin/dagster-slurm dev-cluster up --login-sites all
 .venv/bin/ruff check src tests benchmarks examples docs
 
 # pytest's exit status 5 means it collected nothing: a broken selection, never a pass.

@@ -14,11 +14,11 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster_slurm.devcluster import database, sshd
+from dagster_slurm.devcluster import certs, database, otp, sites, sshd
 from dagster_slurm.devcluster.config import gpu_device_paths, render_all, write_if_changed
 from dagster_slurm.devcluster.daemons import (
     DAEMON_COMMS,
@@ -36,6 +36,7 @@ from dagster_slurm.devcluster.info import ClusterStatus, DaemonStatus, DevCluste
 from dagster_slurm.devcluster.install import REQUIRED_PACKAGES, ensure_packages, install_hint
 from dagster_slurm.devcluster.layout import (
     LOGIN_NODE,
+    LOGIN_SITES,
     NODES,
     OTHER_USER,
     Settings,
@@ -64,10 +65,11 @@ _GPU_MAJOR = 195  # major number of NVIDIA character devices
 class DevCluster:
     """A Slurm cluster of real daemons on this machine, managed as plain processes.
 
-    ``state_dir``, ``ssh_port``, ``user`` and ``ssh_listen`` default to the environment
-    variables of :mod:`dagster_slurm.devcluster.layout`, then to what the last ``up``
-    recorded, then to ``/tmp/dslurm``, 2222, ``dslurm`` and 127.0.0.1. ``progress``
-    receives one line per step.
+    ``state_dir``, ``ssh_port``, ``user``, ``ssh_listen`` and ``login_sites`` default to
+    the environment variables of :mod:`dagster_slurm.devcluster.layout`, then to what the
+    last ``up`` recorded, then to ``/tmp/dslurm``, 2222, ``dslurm``, 127.0.0.1 and no
+    extra login sites (:mod:`dagster_slurm.devcluster.sites`). ``progress`` receives one
+    line per step.
     """
 
     def __init__(
@@ -77,13 +79,17 @@ class DevCluster:
         user: str | None = None,
         ssh_listen: str | None = None,
         progress: Progress | None = None,
+        login_sites: Iterable[str] | None = None,
     ) -> None:
-        self.settings: Settings = resolve_settings(state_dir, ssh_port, user, ssh_listen)
+        self.settings: Settings = resolve_settings(
+            state_dir, ssh_port, user, ssh_listen, login_sites
+        )
         self.paths = self.settings.paths
         self.probes = ClusterProbes(self.settings)
         self.store = RecordStore(self.paths.records, self.paths.lock)
         self._progress: Progress = progress or (lambda _line: None)
         self._notes: list[str] = []
+        self._plan = sites.SitePlan()
 
     # -- queries -------------------------------------------------------------------
 
@@ -92,11 +98,15 @@ class DevCluster:
         return DevClusterInfo.from_settings(self.settings)
 
     def status(self) -> ClusterStatus:
-        """Which recorded daemons run, plus an sinfo summary when slurmctld runs."""
+        """Which daemons run (the chosen login sites' too, and any other site that still
+        runs), plus an sinfo summary when slurmctld runs."""
         records = self.store.load()
+        chosen = {sites.SITES[name].daemon for name in self.settings.login_sites}
         daemons = []
-        for name in daemon_names():
+        for name in _all_daemon_names():
             live = self._live_record(name, records)
+            if name in sites.SITE_COMMS and name not in chosen and live is None:
+                continue
             recorded = records.get(name)
             pid = live.pid if live else (recorded.pid if recorded else None)
             daemons.append(DaemonStatus(name, pid, live is not None))
@@ -108,6 +118,8 @@ class DevCluster:
 
     def up(self) -> DevClusterInfo:
         """Install, configure and start whatever is missing; return connection details.
+
+        The login sites not chosen are stopped when they run.
 
         Raises :class:`NotRootError` when not run as root, :class:`InstallError` when
         packages cannot be installed, and :class:`DaemonStartError` (with the tail of the
@@ -122,16 +134,18 @@ class DevCluster:
         with self.store.locked():
             with self._step("configuration"):
                 self._note(self._prepare())
-            for spec in build_specs(self.settings, self.probes):
+            specs = build_specs(self.settings, self.probes)
+            for spec in [*specs, *sites.site_specs(self.settings, self._plan)]:
                 with self._step(spec.name):
                     self._note(self._ensure(spec))
+            self._stop_daemons(self._unchosen_sites(), self.store.load())
         self._progress(f"cluster up in {time.monotonic() - started:.2f} s")
         return self.info()
 
     def _prepare(self) -> str:
         """Directories, keys, database password, config files, fake GPUs, submitter user."""
         paths = self.paths
-        node_names = [LOGIN_NODE, *(n.name for n in NODES)]
+        node_names = sorted({LOGIN_NODE, *sites.site_nodes(), *(n.name for n in NODES)})
         for directory, mode in (
             (paths.root, 0o755),
             (paths.etc, 0o755),
@@ -165,6 +179,8 @@ class DevCluster:
         sshd.ensure_user_files(self.settings, entry)
         sshd.ensure_user(OTHER_USER, Path("/home") / OTHER_USER, self._progress)
         sshd.ensure_privsep_dir()
+        self._plan, changed_sites = sites.prepare_sites(self.settings)
+        changed += changed_sites
         record_settings(self.settings)
         return "rewrote " + ", ".join(changed) if changed else "unchanged"
 
@@ -231,7 +247,11 @@ class DevCluster:
         if rec is not None and is_alive(rec):
             return rec
         pid_file = self.paths.pid_file(name)
-        return record_from_pid_file(name, pid_file, DAEMON_COMMS[name], digest="adopted")
+        for comm in sites.SITE_COMMS.get(name, (DAEMON_COMMS.get(name, ""),)):
+            found = record_from_pid_file(name, pid_file, comm, digest="adopted")
+            if found is not None:
+                return found
+        return None
 
     def _failure(self, spec: DaemonSpec, problem: str) -> DaemonStartError:
         parts = []
@@ -257,20 +277,32 @@ class DevCluster:
             with self._step("purge"):
                 shutil.rmtree(self.paths.root)
                 self._note(f"removed {self.paths.root}")
+                if sites.remove_pam_service(self.settings):
+                    self._note(f"removed {otp.PAM_DIR / otp.PAM_SERVICE}")
         return stopped
 
     def _stop_all(self) -> list[str]:
         recorded = self.store.load()
-        live = {name: self._live_record(name, recorded) for name in daemon_names()}
-        if live["slurmctld"] is not None:
+        if self._live_record("slurmctld", recorded) is not None:
             with self._step("jobs"):
                 cancelled = self.probes.cancel_all()
                 drained = wait_for(lambda: not self.probes.job_ids(), 15.0)
                 self._note(
                     f"cancelled {len(cancelled)}" + ("" if drained else ", some still listed")
                 )
+        return self._stop_daemons(list(reversed(_all_daemon_names())), recorded)
+
+    def _unchosen_sites(self) -> list[str]:
+        return [
+            site.daemon for name, site in sites.SITES.items()
+            if name not in self.settings.login_sites
+        ]
+
+    def _stop_daemons(self, names: list[str], recorded: Mapping[str, PidRecord]) -> list[str]:
+        """Stop the daemons ``names`` (in that order) that run; return the names stopped."""
+        live = {name: self._live_record(name, recorded) for name in names}
         stopped = []
-        for name in reversed(daemon_names()):
+        for name in names:
             rec = live[name]
             if rec is None:
                 if name in recorded:
@@ -283,6 +315,28 @@ class DevCluster:
             stopped.append(name)
             self.store.remove(name)
         return stopped
+
+    # -- login sites ---------------------------------------------------------------------
+
+    def otp_code(self, at: float | None = None) -> str:
+        """The one-time code the ``otp`` login site accepts at ``at`` (default: now); root
+        only. Each code logs in once: a second login needs the code of a later step."""
+        return otp.current_code(self.paths, at)
+
+    def issue_certificate(
+        self,
+        key: str | os.PathLike[str] | None = None,
+        out: str | os.PathLike[str] | None = None,
+        valid_seconds: int | None = 300,
+    ) -> certs.IssuedCertificate:
+        """A certificate of the cluster's user CA for the submitter (see
+        :func:`dagster_slurm.devcluster.certs.issue_certificate`); root only."""
+        return certs.issue_certificate(
+            self.settings,
+            Path(key) if key is not None else None,
+            Path(out) if out is not None else None,
+            valid_seconds,
+        )
 
     # -- progress ----------------------------------------------------------------------
 
@@ -299,6 +353,11 @@ class DevCluster:
 
     def _note(self, text: str) -> None:
         self._notes.append(text)
+
+
+def _all_daemon_names() -> list[str]:
+    """Every daemon ``up`` may start, login sites included, in start order."""
+    return [*daemon_names(), *(sites.SITES[name].daemon for name in LOGIN_SITES)]
 
 
 def require_root() -> None:

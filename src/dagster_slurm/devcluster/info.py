@@ -12,7 +12,22 @@ from dagster_slurm.devcluster.layout import (
     PARTITIONS,
     Paths,
     Settings,
+    site_daemon,
 )
+
+#: Prefix of the variables ``env`` exports for each login site (``..._OTP_PORT`` ...).
+SITE_ENV_PREFIX = "DAGSTER_SLURM_DEV_"
+
+
+@dataclass(frozen=True)
+class LoginSiteInfo:
+    """One extra login site: ``name`` (``otp``, ``cert``, ``bastion``), the address its sshd
+    listens on (``host``/``port``) and its ``log_path`` (one line per accepted login)."""
+
+    name: str
+    host: str
+    port: int
+    log_path: Path
 
 
 @dataclass(frozen=True)
@@ -25,7 +40,9 @@ class DevClusterInfo:
     cluster owned by ``user``, ``slurm_conf`` the configuration for running Slurm
     commands locally, ``partition``/``gpu_partition`` the default CPU partition and the
     partition with (fake) GPUs, ``partitions`` all partitions, ``state_dir`` the
-    directory holding all of the cluster's files.
+    directory holding all of the cluster's files, ``login_sites`` the extra login sites
+    chosen, ``cert_key_path`` the key that ``issue-cert`` certifies by default (None
+    without the ``cert`` site).
     """
 
     host: str
@@ -39,6 +56,8 @@ class DevClusterInfo:
     gpu_partition: str
     partitions: tuple[str, ...]
     state_dir: Path
+    login_sites: tuple[LoginSiteInfo, ...] = ()
+    cert_key_path: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DevClusterInfo:
@@ -55,7 +74,20 @@ class DevClusterInfo:
             gpu_partition=GPU_PARTITION,
             partitions=PARTITIONS,
             state_dir=settings.state_dir,
+            login_sites=tuple(
+                LoginSiteInfo(name, settings.ssh_host, settings.site_port(name),
+                              paths.log_file(site_daemon(name)))
+                for name in settings.login_sites
+            ),
+            cert_key_path=paths.cert_client_key if "cert" in settings.login_sites else None,
         )
+
+    def site(self, name: str) -> LoginSiteInfo:
+        """The login site ``name``; :class:`KeyError` when it was not chosen."""
+        for site in self.login_sites:
+            if site.name == name:
+                return site
+        raise KeyError(f"login site {name!r} is not up (dev-cluster up --login-sites {name})")
 
     def node_tmp(self, node: str) -> Path:
         """Where the host finds what node ``node`` (e.g. ``c1``, or ``login``) sees as /tmp."""
@@ -73,7 +105,20 @@ class DevClusterInfo:
             "SLURM_PARTITION": self.partition,
             "SLURM_GPU_PARTITION": self.gpu_partition,
             "SLURM_CONF": str(self.slurm_conf),
+            **self.site_env(),
         }
+
+    def site_env(self) -> dict[str, str]:
+        """``DAGSTER_SLURM_DEV_<SITE>_PORT`` and ``_LOG`` of each login site, and
+        ``DAGSTER_SLURM_DEV_CERT_KEY_PATH`` with the ``cert`` site."""
+        env: dict[str, str] = {}
+        for site in self.login_sites:
+            stem = f"{SITE_ENV_PREFIX}{site.name.upper()}"
+            env[f"{stem}_PORT"] = str(site.port)
+            env[f"{stem}_LOG"] = str(site.log_path)
+        if self.cert_key_path is not None:
+            env[f"{SITE_ENV_PREFIX}CERT_KEY_PATH"] = str(self.cert_key_path)
+        return env
 
     def export_lines(self) -> list[str]:
         """``export NAME=value`` lines for a POSIX shell, values quoted."""

@@ -24,6 +24,8 @@ REQUIRED_PACKAGES: dict[str, tuple[str, ...]] = {
     "munge": ("munged", "munge", "unmunge", "mungekey"),
     "mariadb-server": ("mariadbd", "mariadb-install-db", "mariadb-admin", "mariadb"),
     "openssh-server": ("sshd", "ssh-keygen"),
+    # One-time codes (TOTP) for the login site that asks for a second factor.
+    "libpam-oath": (),
     "python3": ("/usr/bin/python3",),
     "python3-venv": (),
     # Compute-node tools the launchers and tests rely on (port checks, process listings).

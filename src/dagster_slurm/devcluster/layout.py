@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from dagster_slurm.devcluster.errors import DevClusterError
 
 #: Environment variable that overrides the default state directory.
 STATE_DIR_ENV = "DAGSTER_SLURM_DEV_STATE_DIR"
@@ -22,6 +25,8 @@ USER_ENV = "DAGSTER_SLURM_DEV_USER"
 #: Environment variable that overrides the address sshd listens on (e.g. 0.0.0.0 in a
 #: container whose port is published to the host).
 SSH_LISTEN_ENV = "DAGSTER_SLURM_DEV_SSH_LISTEN"
+#: Environment variable that chooses the extra login sites (see :func:`parse_login_sites`).
+LOGIN_SITES_ENV = "DAGSTER_SLURM_DEV_LOGIN_SITES"
 
 DEFAULT_STATE_DIR = Path("/tmp/dslurm")
 DEFAULT_SSH_PORT = 2222
@@ -31,6 +36,8 @@ DEFAULT_USER = "dslurm"
 OTHER_USER = "dslurm2"
 #: Hostname of the login node (sshd runs in a namespace of its own with this name).
 LOGIN_NODE = "login"
+#: Hostname of the bastion site, a machine of its own in front of the login node.
+BASTION_NODE = "bastion"
 #: Address the login node's name resolves to inside the cluster (a loopback alias).
 LOGIN_ADDRESS = "127.0.1.100"
 #: Address every client-facing daemon listens on.
@@ -51,6 +58,38 @@ PORTS: dict[str, int] = {
     "slurmd-g1": 16823,
     "slurmd-g2": 16824,
 }
+
+#: The extra login sites ``up`` can start next to the login node, in start order, with the
+#: offset of each one's port from the login node's SSH port: ``otp`` asks for a key and a
+#: one-time code, ``cert`` accepts only certificates of the cluster's user CA, ``bastion``
+#: is a jump host in front of the login node.
+LOGIN_SITE_PORT_OFFSETS: dict[str, int] = {"otp": 1, "cert": 2, "bastion": 3}
+LOGIN_SITES: tuple[str, ...] = tuple(LOGIN_SITE_PORT_OFFSETS)
+
+
+def site_daemon(site: str) -> str:
+    """Name of login site ``site``'s sshd in the pid records, ``status`` and log files."""
+    return f"sshd-{site}"
+
+
+def parse_login_sites(text: str | Iterable[str]) -> tuple[str, ...]:
+    """Site names from ``otp,cert``, ``all`` or ``none`` (or an iterable of names), in
+    :data:`LOGIN_SITES` order without repeats. Raises :class:`ValueError` naming an unknown
+    site and the valid choices."""
+    words = text.replace(",", " ").split() if isinstance(text, str) else list(text)
+    chosen: set[str] = set()
+    for word in words:
+        word = word.strip().lower()
+        if word == "all":
+            chosen.update(LOGIN_SITES)
+        elif word in LOGIN_SITES:
+            chosen.add(word)
+        elif word not in ("none", ""):
+            raise ValueError(
+                f"unknown login site {word!r}: choose from {', '.join(LOGIN_SITES)}, "
+                "all or none (comma-separated)"
+            )
+    return tuple(site for site in LOGIN_SITES if site in chosen)
 
 
 @dataclass(frozen=True)
@@ -100,13 +139,19 @@ class Settings:
     ``state_dir`` holds all configuration, logs, pid files, spool and database data;
     ``ssh_port`` is the port of the login node's sshd; ``user`` is the non-root account
     jobs are submitted as over SSH; ``ssh_listen`` the address sshd binds (loopback
-    unless the cluster runs in a container that publishes the port).
+    unless the cluster runs in a container that publishes the port); ``login_sites`` the
+    extra login sites to run (names of :data:`LOGIN_SITES`).
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
     ssh_port: int = DEFAULT_SSH_PORT
     user: str = DEFAULT_USER
     ssh_listen: str = LOOPBACK
+    login_sites: tuple[str, ...] = ()
+
+    def site_port(self, site: str) -> int:
+        """SSH port of login site ``site``: the login node's port plus the site's offset."""
+        return self.ssh_port + LOGIN_SITE_PORT_OFFSETS[site]
 
     @property
     def ssh_host(self) -> str:
@@ -134,28 +179,47 @@ def resolve_settings(
     ssh_port: int | None = None,
     user: str | None = None,
     ssh_listen: str | None = None,
+    login_sites: Iterable[str] | None = None,
 ) -> Settings:
     """Combine explicit values, environment variables and the values ``up`` recorded.
 
     Precedence per value: explicit argument, then environment variable, then what the
-    last ``up`` recorded in the state directory, then the default.
+    last ``up`` recorded in the state directory, then the default (no login sites).
+    Raises :class:`DevClusterError` for an unknown site name.
     """
     root = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
     recorded = _read_recorded(Paths(root).settings_file)
     port = ssh_port or os.environ.get(SSH_PORT_ENV) or recorded.get("ssh_port")
     name = user or os.environ.get(USER_ENV) or recorded.get("user")
     listen = ssh_listen or os.environ.get(SSH_LISTEN_ENV) or recorded.get("ssh_listen")
+    sites, source = login_sites, "login_sites"
+    if sites is None:
+        sites, source = os.environ.get(LOGIN_SITES_ENV), LOGIN_SITES_ENV
+    if sites is None:
+        recorded_sites = recorded.get("login_sites")
+        sites = recorded_sites if isinstance(recorded_sites, list) else ()
+        source = str(Paths(root).settings_file)
+    try:
+        chosen_sites = parse_login_sites(sites)
+    except ValueError as exc:
+        raise DevClusterError(f"{source}: {exc}") from None
     return Settings(
         state_dir=root.absolute(),
         ssh_port=int(str(port or DEFAULT_SSH_PORT)),
         user=str(name or DEFAULT_USER),
         ssh_listen=str(listen or LOOPBACK),
+        login_sites=chosen_sites,
     )
 
 
 def record_settings(settings: Settings) -> None:
     """Remember the SSH settings so that later ``status``/``env``/``down`` agree with ``up``."""
-    data = {"ssh_port": settings.ssh_port, "user": settings.user, "ssh_listen": settings.ssh_listen}
+    data = {
+        "ssh_port": settings.ssh_port,
+        "user": settings.user,
+        "ssh_listen": settings.ssh_listen,
+        "login_sites": list(settings.login_sites),
+    }
     path = settings.paths.settings_file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -200,6 +264,10 @@ class Paths:
     @property
     def sshd_config(self) -> Path:
         return self.etc / "sshd_config"
+
+    def site_sshd_config(self, site: str) -> Path:
+        """sshd_config of login site ``site`` (``otp``, ``cert``, ``bastion``)."""
+        return self.etc / f"sshd_config.{site}"
 
     @property
     def nodes(self) -> Path:
@@ -246,6 +314,21 @@ class Paths:
         return self.secrets / "munged.seed"
 
     @property
+    def otp_secret(self) -> Path:
+        """TOTP secret of the submitter on the ``otp`` site, hex encoded (root only)."""
+        return self.secrets / "otp.secret"
+
+    @property
+    def otp_users(self) -> Path:
+        """pam_oath's users file (pam_oath rewrites it after each login: last code used)."""
+        return self.secrets / "otp.users"
+
+    @property
+    def programs(self) -> Path:
+        """Links to system programs under another name (an sshd named as its PAM service)."""
+        return self.root / "sbin"
+
+    @property
     def mariadb_data(self) -> Path:
         return self.root / "mariadb"
 
@@ -280,6 +363,17 @@ class Paths:
     @property
     def client_key(self) -> Path:
         return self.ssh / "client_ed25519"
+
+    @property
+    def user_ca_key(self) -> Path:
+        """Private key of the cluster's SSH user certificate authority (the ``cert`` site)."""
+        return self.ssh / "user_ca_ed25519"
+
+    @property
+    def cert_client_key(self) -> Path:
+        """Key pair that ``issue-cert`` certifies by default: in no authorized_keys file, so
+        it logs in only with a certificate (and never changes how the client key logs in)."""
+        return self.ssh / "cert_client_ed25519"
 
     @property
     def known_hosts(self) -> Path:

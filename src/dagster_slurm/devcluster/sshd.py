@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,15 +48,17 @@ def ensure_keypair(path: Path, comment: str) -> bool:
 
 
 def ensure_keys(settings: Settings) -> None:
-    """Host key, client key and a known_hosts file with the ``[127.0.0.1]:PORT`` entry."""
+    """Host key, client key and a known_hosts file with a ``[127.0.0.1]:PORT`` entry for
+    the login node and each chosen login site (all of them share the host key)."""
     paths = settings.paths
     paths.ssh.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.ssh, 0o700)
     ensure_keypair(paths.host_key, "dagster-slurm-dev-host")
     ensure_keypair(paths.client_key, "dagster-slurm-dev-client")
     key_type, key_data = paths.host_key.with_suffix(".pub").read_text().split()[:2]
-    entry = f"[{settings.ssh_host}]:{settings.ssh_port} {key_type} {key_data}\n"
-    write_if_changed(paths.known_hosts, entry, 0o644)
+    ports = [settings.ssh_port, *(settings.site_port(site) for site in settings.login_sites)]
+    entries = "".join(f"[{settings.ssh_host}]:{port} {key_type} {key_data}\n" for port in ports)
+    write_if_changed(paths.known_hosts, entries, 0o644)
 
 
 def _password_locked(user: str) -> bool:
@@ -138,3 +142,22 @@ def _merge_key(authorized: Path, public_key: str) -> bool:
 def ensure_privsep_dir() -> None:
     """Create /run/sshd, which sshd requires and which is missing without an init system."""
     PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+
+def accepts_option(sshd: str, host_key: Path, line: str) -> bool:
+    """True when ``sshd`` accepts the configuration line ``line`` (``sshd -t`` on a probe
+    configuration with ``host_key``), False when it rejects that line's keyword (an older
+    OpenSSH). Raises :class:`DevClusterError` when the probe fails for another reason."""
+    keyword = line.split()[0]
+    with tempfile.NamedTemporaryFile("w", prefix="sshd-probe-", suffix=".conf") as probe:
+        probe.write(f"HostKey {host_key}\nUsePAM yes\n{line}\n")
+        probe.flush()
+        proc = subprocess.run(
+            [sshd, "-t", "-f", probe.name],
+            env=daemon_env(), capture_output=True, text=True, timeout=30, check=False,
+        )
+    if proc.returncode == 0:
+        return True
+    if keyword in proc.stderr:
+        return False
+    raise DevClusterError(f"{sshd} -t on a probe configuration failed: {proc.stderr.strip()}")
