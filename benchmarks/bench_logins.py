@@ -49,13 +49,15 @@ def _compute(mode: str):  # noqa: ANN202 - the resource, built in the worker pro
 def bench_job():  # noqa: ANN201 - a Dagster job, reconstructed in every step process
     import dagster as dg
 
+    from dagster_slurm import ComputeResource
+
     payload = Path(os.environ["BENCH_LOGINS_PAYLOAD"])
 
     def step(name: str, upstream: str | None):  # noqa: ANN202
         deps = [upstream] if upstream else []
 
         @dg.asset(name=name, deps=deps)
-        def _asset(context: dg.AssetExecutionContext, compute):  # noqa: ANN001, ANN202
+        def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):  # noqa: ANN202
             yield from compute.run(context=context, payload_path=str(payload)).get_results()
 
         return _asset
@@ -118,6 +120,9 @@ def _hour(mode: str, hour_seconds: float, log: Path, env: dict[str, str]) -> dic
         runs.append(subprocess.Popen([sys.executable, __file__, RUN], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     failed = sum(1 for run in runs if run.wait() != 0)
+    if failed:
+        print(f"  {failed} runs failed; run one by hand: BENCH_LOGINS_MODE={mode} "
+              f"BENCH_LOGINS_PAYLOAD=... python {__file__} {RUN}")
     ticks_text = sensor.communicate()[0]
     ticks = int(ticks_text.strip().rpartition("=")[2] or 0)
     return {"logins": _logins(log) - before, "failed_runs": failed, "ticks": ticks,

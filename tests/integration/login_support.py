@@ -10,6 +10,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dagster_slurm.devcluster import DevCluster
+from dagster_slurm.devcluster.info import DevClusterInfo
+from dagster_slurm.devcluster.otp import read_secret, time_step, totp
+
 CLI = [sys.executable, "-m", "dagster_slurm.cli"]
 
 
@@ -56,3 +60,24 @@ def at_a_terminal(argv: list[str], env: Mapping[str, str], answers: list[tuple[s
     finally:
         os.close(fd)
     return Typed(output.decode(errors="replace"), os.waitstatus_to_exitcode(status))
+
+
+def unused_code(info: DevClusterInfo) -> str:
+    """A code pam_oath accepts now. It accepts the codes of the current step and of one
+    step before and after (clock drift), each once: it keeps the last code used in its
+    users file and refuses that one and older ones. So: the code of the first step after
+    the last one used, when that is at most the next step; else wait for time to catch up.
+    """
+    paths = DevCluster(state_dir=info.state_dir).paths
+    secret = read_secret(paths)
+    fields = paths.otp_users.read_text().split()
+    last_used = fields[5] if len(fields) > 5 else None
+    now_step = time_step(time.time())
+    used_steps = [s for s in range(now_step - 3, now_step + 4)
+                  if last_used is not None and totp(secret, s * 30) == last_used]
+    step = max(max(used_steps, default=now_step - 1) + 1, now_step)
+    deadline = time.monotonic() + 100
+    while time_step(time.time()) < step - 1:
+        assert time.monotonic() < deadline, "no one-time code unused yet within 100 s"
+        time.sleep(0.2)
+    return totp(secret, step * 30)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from login_support import unused_code
 
 from dagster_slurm.cli import main
 from dagster_slurm.devcluster import DevCluster, DevClusterInfo
@@ -70,24 +71,6 @@ def _openssh(info: DevClusterInfo, port: int, key: Path, *command: str,
 
 
 # -- one-time codes --------------------------------------------------------------------
-
-
-def _unused_code(info: DevClusterInfo) -> str:
-    """A code pam_oath accepts now. It accepts the codes of the current step and of one
-    step before and after (clock drift), each once: it keeps the last code used in its
-    users file and refuses that one and older ones. So: the code of the first step after
-    the last one used, when that is at most the next step; else wait for time to catch up.
-    """
-    paths = DevCluster(state_dir=info.state_dir).paths
-    secret = read_secret(paths)
-    fields = paths.otp_users.read_text().split()
-    last_used = fields[5] if len(fields) > 5 else None
-    now_step = time_step(time.time())
-    used_steps = [s for s in range(now_step - 3, now_step + 4)
-                  if last_used is not None and totp(secret, s * 30) == last_used]
-    step = max(max(used_steps, default=now_step - 1) + 1, now_step)
-    _wait_until(lambda: time_step(time.time()) >= step - 1, 100, "a one-time code not used yet")
-    return totp(secret, step * 30)
 
 
 def _ssh_with_code(argv: list[str], code: str, timeout: float = 40.0) -> tuple[int | None, str]:
@@ -149,7 +132,7 @@ def test_otp_site_refuses_the_key_alone_and_offers_keyboard_interactive(
 def test_otp_site_logs_in_with_key_and_code_once_per_code(sites: DevClusterInfo) -> None:
     log, user = sites.site("otp").log_path, sites.user
     before = _log_count(log, KBD_ACCEPTED, user)
-    code = _unused_code(sites)
+    code = unused_code(sites)
     status, output = _otp_login(sites, code, "hostname; squeue --noheader --format=%P | wc -l")
     assert status == 0, output
     lines = output.strip().splitlines()
@@ -161,7 +144,7 @@ def test_otp_site_logs_in_with_key_and_code_once_per_code(sites: DevClusterInfo)
     assert replayed is None, f"a used code logged in again: {output}"
     assert _log_count(log, KBD_ACCEPTED, user) == before + 1
 
-    status, output = _otp_login(sites, _unused_code(sites),
+    status, output = _otp_login(sites, unused_code(sites),
                                 "sbatch --parsable --time=1 --output=/dev/null --wrap=true")
     assert status == 0, output
     job_id = output.strip().splitlines()[-1].split(";")[0].strip()

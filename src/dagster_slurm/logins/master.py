@@ -12,6 +12,7 @@ the socket.
 from __future__ import annotations
 
 import getpass
+import os
 import shlex
 import subprocess
 import time
@@ -76,8 +77,15 @@ def master_argv(target: SSHTarget, place: LoginPlace, idle_lifetime: float,
         ssh, "-o", "ControlMaster=yes", "-S", str(place.socket),
         "-o", f"ControlPersist={max(int(idle_lifetime), 1)}s",
         "-o", "ServerAliveInterval=30", "-E", str(log_path(place)), "-N", "-f",
-        *_hop(target, ssh), target.alias or target.host,
+        *_config_file(target), *_hop(target, ssh), target.alias or target.host,
     ]
+
+
+def _config_file(target: SSHTarget) -> list[str]:
+    """``-F file`` when the target's alias comes from a file other than ``~/.ssh/config``."""
+    if target.config_file and target.config_file != os.path.expanduser("~/.ssh/config"):
+        return ["-F", target.config_file]
+    return []
 
 
 def log_path(place: LoginPlace) -> Path:

@@ -323,6 +323,8 @@ class SSHConnectionResource(PublishedNames, ConfigurableResource, KnownFieldsOnl
             certificate_min_validity=self.certificate_min_validity_seconds,
             certificate_path=found.certificate_file if from_file and key_path else None,
             alias=self.host if host != self.host else None,
+            config_file=(os.path.expanduser(self.ssh_config_path)
+                         if host != self.host and self.ssh_config_path else None),
         )
         if self.jump_host is not None:
             return replace(target, jump=self.jump_host.to_target())

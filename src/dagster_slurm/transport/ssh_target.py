@@ -20,7 +20,8 @@ class SSHTarget:
 
     ``host`` is the name or address connected to; ``alias`` is the ``Host`` name the user
     wrote when an SSH config file resolved it to another ``host``
-    (:mod:`dagster_slurm.transport.ssh_config`), else None.
+    (:mod:`dagster_slurm.transport.ssh_config`), else None; ``config_file`` is that file
+    (so that OpenSSH's own ``ssh`` can be pointed at it), None with no alias.
     """
 
     host: str
@@ -36,6 +37,7 @@ class SSHTarget:
     certificate_min_validity: float = 300.0
     certificate_path: str | None = None
     alias: str | None = None
+    config_file: str | None = None
 
     @property
     def address(self) -> str:
