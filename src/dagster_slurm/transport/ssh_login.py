@@ -140,6 +140,9 @@ def open_tcp(target: SSHTarget, timeout: float) -> tuple[socket.socket, str]:
         sock.settimeout(timeout)
         try:
             sock.connect(address)
+            # Without TCP_NODELAY each command's small packets wait for the peer's delayed
+            # ACK (about 40 ms a command on Linux); OpenSSH's own ssh sets it too.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock, _address_text(address)
         except OSError as exc:
             sock.close()
