@@ -31,8 +31,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dagster_slurm.errors import CommandTimeout, LoginRequired, RemoteProgramEnded, TransportError
+from dagster_slurm.transport import mux_client
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
 from dagster_slurm.transport.login_place import LoginPlace, login_command
 from dagster_slurm.transport.ssh_target import SSHOptions, SSHTarget
@@ -75,11 +77,17 @@ def control_argv(place: LoginPlace, operation: str, ssh: str = "ssh") -> list[st
             "-p", str(place.port), "-l", place.user, place.host]
 
 
-def master_pid(place: LoginPlace, ssh: str = "ssh") -> int | None:
-    """The pid of ``place``'s master when it answers ``ssh -O check``; None when it is not up
-    (no socket, a stale socket, or no answer within :data:`CHECK_TIMEOUT`)."""
+def master_pid(place: LoginPlace, ssh: str = "ssh", *, native: bool = True) -> int | None:
+    """The pid of ``place``'s master when it answers an alive check; None when it is not up
+    (no socket, a stale socket, or no answer within :data:`CHECK_TIMEOUT`). Asked through
+    the master's protocol, or with ``ssh -O check`` from a master speaking another version."""
     if not place.socket.exists():
         return None
+    if native:
+        try:
+            return mux_client.alive_pid(str(place.socket), CHECK_TIMEOUT)
+        except mux_client.MuxUnsupported:
+            pass
     try:
         proc = subprocess.run(control_argv(place, "check", ssh), capture_output=True, text=True,
                               timeout=CHECK_TIMEOUT, stdin=subprocess.DEVNULL,
@@ -94,18 +102,32 @@ def master_pid(place: LoginPlace, ssh: str = "ssh") -> int | None:
     return int(digits) if digits else 0
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """One try of a command: its status and output; ``native``: run through the master's
+    protocol (a 255 is then the command's own status); ``refused``: the session was refused
+    and nothing ran."""
+
+    code: int
+    out: bytes
+    err: bytes
+    native: bool
+    refused: bool = False
+
+
 class OpenSSHTransport:
     """Runs commands as sessions of the shared login to ``target`` (see the module docstring)."""
 
     def __init__(self, target: SSHTarget, options: SSHOptions | None = None, *,
                  place: LoginPlace | None = None, ssh: str = "ssh",
-                 stats: TransportStats | None = None) -> None:
+                 stats: TransportStats | None = None, native: bool = True) -> None:
         self.target = target
         self.options = options or SSHOptions()
         self.place = place or LoginPlace.of(target)
         self.stats = stats or TransportStats()
         self._ssh = ssh
         self._channels = threading.BoundedSemaphore(self.options.max_channels)
+        self._native = native
 
     def login_required(self, what: str) -> LoginRequired:
         """The error for a command that could not use the shared login."""
@@ -117,7 +139,7 @@ class OpenSSHTransport:
 
     def alive(self) -> bool:
         """Whether the master answers now."""
-        return master_pid(self.place, self._ssh) is not None
+        return master_pid(self.place, self._ssh, native=self._native) is not None
 
     def connected(self) -> bool:
         """Same as :meth:`alive` (this process holds no connection of its own)."""
@@ -161,9 +183,9 @@ class OpenSSHTransport:
             raise CommandTimeout(f"no free session to {self.target.label} within {limit:.0f} s "
                                  f"({self.options.max_channels} in use)")
         try:
-            code, out, err = self._run_once(command, stdin, start + limit)
+            outcome = self._run_once(command, stdin, start + limit)
             delay = SESSION_RETRY_DELAY
-            while code == SSH_FAILURE and _session_refused(err):
+            while outcome.refused:
                 if time.monotonic() + delay >= start + limit:
                     raise CommandTimeout(
                         f"the login node refused a new session for {command[:200]!r} on the "
@@ -175,18 +197,41 @@ class OpenSSHTransport:
                          delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
-                code, out, err = self._run_once(command, stdin, start + limit)
+                outcome = self._run_once(command, stdin, start + limit)
         finally:
             self._channels.release()
+        code, out, err = outcome.code, outcome.out, outcome.err
         err_text = err.decode("utf-8", "replace")
-        if code == SSH_FAILURE and (_mux_trouble(err_text) or not self.alive()):
+        if (not outcome.native and code == SSH_FAILURE
+                and (_mux_trouble(err_text) or not self.alive())):
             raise self.failure(command, err_text)
         self.stats.record(argv[0], len(stdin or b""), len(out) + len(err))
         return CommandResult(command, code, out.decode("utf-8", "replace"), err_text,
                              time.monotonic() - start)
 
-    def _run_once(self, command: str, stdin: bytes | None,
-                  deadline: float) -> tuple[int, bytes, bytes]:
+    def _run_once(self, command: str, stdin: bytes | None, deadline: float) -> _Outcome:
+        """One try: through the master's protocol directly, else (a master speaking another
+        protocol version) through an ``ssh`` client process."""
+        if self._native:
+            try:
+                done = mux_client.run(str(self.place.socket), command, stdin or b"", deadline)
+                return _Outcome(done.exit_code, done.stdout, done.stderr, native=True)
+            except mux_client.MuxUnsupported as exc:
+                log.info("%s; running commands through ssh client processes instead", exc)
+                self._native = False
+            except mux_client.MuxUnavailable:
+                raise self.login_required(f"cannot run {command[:200]!r}") from None
+            except mux_client.MuxRefused as exc:
+                if _session_refused(str(exc).encode()) or "refused" in str(exc).lower():
+                    return _Outcome(SSH_FAILURE, b"", str(exc).encode(), native=True,
+                                    refused=True)
+                raise TransportError(f"the shared login to {self.target.label} refused a "
+                                     f"session for {command[:200]!r}: {exc}") from None
+            except mux_client.MuxTimeout:
+                raise CommandTimeout(f"{command[:200]!r} on {self.target.label} did not finish "
+                                     "in time") from None
+            except mux_client.MuxLost as exc:
+                raise self.failure(command, f"{exc}; it may or may not have completed") from None
         proc = self._spawn(command)
         try:
             out, err = proc.communicate(stdin or b"", timeout=max(deadline - time.monotonic(),
@@ -195,7 +240,8 @@ class OpenSSHTransport:
             _kill(proc)
             raise CommandTimeout(f"{command[:200]!r} on {self.target.label} did not finish "
                                  "in time") from None
-        return proc.returncode, out, err
+        refused = proc.returncode == SSH_FAILURE and _session_refused(err)
+        return _Outcome(proc.returncode, out, err, native=False, refused=refused)
 
     def open_stream(self, argv: Sequence[str]) -> OpenSSHStream:
         """Start ``argv`` as a long-lived stream (one session of the master while open)."""

@@ -45,7 +45,8 @@ def shared(tmp_path):
     place = LoginPlace.of(target, tmp_path / "logins")
     place.directory.mkdir(mode=0o700)
     place.socket.write_text("")
-    return OpenSSHTransport(target, place=place, ssh=str(ssh))
+    # native=False: the stand-in is an ssh program, not a master speaking the mux protocol
+    return OpenSSHTransport(target, place=place, ssh=str(ssh), native=False)
 
 
 def test_commands_run_with_their_own_status_and_input(shared):
