@@ -197,3 +197,17 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
         if allocation:
             subprocess.run(["scancel", allocation], env={"SLURM_CONF": env["SLURM_CONF"]},
                            check=False)
+
+
+def test_the_orphan_sensor_logs_in_once_for_all_its_ticks(env, slurm_cluster):
+    from dagster_slurm import build_slurm_orphan_reconcile_sensor
+
+    slurm = slurm_resource(env)
+    slurm = slurm.model_copy(update={"ssh": slurm.ssh.model_copy(update={"shared_login": "off",
+                                                                        "connect_timeout": 14.0})})
+    sensor = build_slurm_orphan_reconcile_sensor(slurm=slurm)
+    before = _accepted(slurm_cluster)
+    with dg.instance_for_test() as instance:
+        for _ in range(3):
+            sensor(dg.build_sensor_context(instance=instance))
+    assert _accepted(slurm_cluster) - before == 1, "the sensor logged in again at a tick"

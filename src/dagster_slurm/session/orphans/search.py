@@ -24,6 +24,8 @@ costs one scancel (and a session one transaction). Sessions closed longer ago th
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -292,6 +294,25 @@ def _act_on_job(instance: Any, io: OrphanIO, report: OrphanReport, run: Any) -> 
         )
 
 
+_HELD: set[tuple[int, int]] = set()
+_HELD_LOCK = threading.Lock()
+
+
+def _hold(cluster: SlurmResource) -> None:
+    """Keep ``cluster``'s connection of this process open from the first tick on.
+
+    A sensor ticks in the same long-lived process (the code server) every minute or so;
+    closing the connection after each tick would log in again at every tick (2,880 logins
+    a day at 30 s, which sites count and ban). The connection is one per process and
+    settings, and ends with the process."""
+    key = (os.getpid(), id(cluster))
+    with _HELD_LOCK:
+        if key in _HELD:
+            return
+        _HELD.add(key)
+    cluster.acquire()
+
+
 def build_slurm_orphan_reconcile_sensor(
     slurm: SlurmResource | None = None,
     *,
@@ -342,14 +363,11 @@ def build_slurm_orphan_reconcile_sensor(
             resource = getattr(context.resources, resource_key)
             cluster = getattr(resource, "slurm", resource)
         assert isinstance(cluster, SlurmResource)
-        cluster.acquire()
-        try:
-            reports = reconcile_orphaned_slurm_runs(
-                context.instance, cluster, heartbeat_timeout=heartbeat_timeout,
-                prune_closed_after=prune_closed_after,
-            )
-        finally:
-            cluster.release()
+        _hold(cluster)
+        reports = reconcile_orphaned_slurm_runs(
+            context.instance, cluster, heartbeat_timeout=heartbeat_timeout,
+            prune_closed_after=prune_closed_after,
+        )
         if not reports:
             return dg.SkipReason("no orphaned Slurm run sessions or asset jobs")
         return dg.SkipReason("; ".join(
