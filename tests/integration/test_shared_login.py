@@ -91,24 +91,34 @@ def test_without_the_shared_login_required_mode_fails_at_once_naming_the_command
     assert "LoginRequired" in text and "dagster-slurm login --host 127.0.0.1" in text
 
 
-def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
-        env, tmp_path, slurm_cluster, login):
+def _held_payload(directory: Path, slurm_cluster, words: str) -> tuple[str, Path]:
+    """A payload that logs ``words`` and runs until the returned file appears (at most 240 s)."""
     release = Path(slurm_cluster.deployment_base_path) / f"release-{uuid.uuid4().hex[:8]}"
-    held = write_payload(tmp_path, "held.py", f"""
+    return write_payload(directory, "held.py", f"""
         import os, time
         from dagster_pipes import open_dagster_pipes
         with open_dagster_pipes() as pipes:
-            pipes.log.info("holding")
+            pipes.log.info({words!r})
             deadline = time.monotonic() + 240
             while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:
                 time.sleep(0.2)
-    """)
-    resource = _required(env)
-    instance = dg.DagsterInstance.ephemeral()
+    """), release
+
+
+def _materialize_in_thread(payload: str, resource, instance) -> tuple[threading.Thread, dict]:
     out: dict = {}
     runner = threading.Thread(target=lambda: out.__setitem__(
-        "result", materialize_one(held, resource, raise_on_error=False, instance=instance)))
+        "result", materialize_one(payload, resource, raise_on_error=False, instance=instance)))
     runner.start()
+    return runner, out
+
+
+def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
+        env, tmp_path, slurm_cluster, login):
+    held, release = _held_payload(tmp_path, slurm_cluster, "holding")
+    resource = _required(env)
+    instance = dg.DagsterInstance.ephemeral()
+    runner, out = _materialize_in_thread(held, resource, instance)
     job_id = None
     try:
         def running_job() -> str | None:
@@ -146,16 +156,7 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
                                                                   login):
     from dagster_slurm import ComputeResource, SlurmRunAllocationConfig
 
-    release = Path(slurm_cluster.deployment_base_path) / f"release-{uuid.uuid4().hex[:8]}"
-    held = write_payload(tmp_path, "held.py", f"""
-        import os, time
-        from dagster_pipes import open_dagster_pipes
-        with open_dagster_pipes() as pipes:
-            pipes.log.info("holding in the allocation")
-            deadline = time.monotonic() + 240
-            while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:
-                time.sleep(0.2)
-    """)
+    held, release = _held_payload(tmp_path, slurm_cluster, "holding in the allocation")
     slurm = slurm_resource(env)
     ssh = slurm.ssh.model_copy(update={"shared_login": "required"})
     resource = ComputeResource(
@@ -164,10 +165,7 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
         env_packages=["dagster-pipes"],
     )
     instance = dg.DagsterInstance.ephemeral()
-    out: dict = {}
-    runner = threading.Thread(target=lambda: out.__setitem__(
-        "result", materialize_one(held, resource, raise_on_error=False, instance=instance)))
-    runner.start()
+    runner, out = _materialize_in_thread(held, resource, instance)
     allocation = None
     try:
         def holding() -> bool:
