@@ -255,9 +255,11 @@ def _exchange(sock: socket.socket, reader: _Reader, session: int, in_w: int, out
     out, err = bytearray(), bytearray()
     readers = {out_r: out, err_r: err}
     exit_code: int | None = None
-    while readers or exit_code is None:
+    while True:
         if exit_code is None:
             exit_code = _exit_status(reader)
+        if exit_code is not None and not readers:
+            break
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise MuxTimeout(f"session {session} did not end in time")

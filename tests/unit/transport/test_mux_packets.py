@@ -3,8 +3,11 @@ integration tests)."""
 
 from __future__ import annotations
 
+import os
+import select
 import socket
 import struct
+import time
 
 import pytest
 
@@ -68,3 +71,27 @@ def test_a_master_of_another_version_is_unsupported(tmp_path):
         mux.alive_pid(path)
     thread.join(5)
     assert mux.alive_pid(str(tmp_path / "none.sock")) is None
+
+
+def test_the_result_is_returned_once_output_and_status_are_in_without_waiting_on_nothing(
+        monkeypatch):
+    ours, theirs = _pair()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    in_r, in_w = os.pipe()
+    os.close(out_w)  # the command wrote nothing and ended: both outputs at EOF
+    os.close(err_w)
+    theirs.sendall(_packet(mux.MUX_S_EXIT_MESSAGE, 9, 4))
+    real_select = select.select
+
+    def select_something(r, w, x, timeout=None):  # noqa: ANN001, ANN202
+        assert r or w, "waited on nothing (a wait of the whole poll timeout)"
+        return real_select(r, w, x, timeout)
+
+    monkeypatch.setattr(mux.select, "select", select_something)
+    reader = mux._Reader(ours)
+    result = mux._exchange(ours, reader, 9, in_w, out_r, err_r, b"", time.monotonic() + 10,
+                           [in_w, out_r, err_r])
+    assert (result.exit_code, result.stdout, result.stderr) == (4, b"", b"")
+    for fd in (in_r, out_r, err_r):
+        os.close(fd)
