@@ -38,12 +38,11 @@ PAYLOAD = "#!/bin/bash\ntrue\n"
 
 def _compute(mode: str):  # noqa: ANN202 - the resource, built in the worker processes
     from dagster_slurm import ComputeResource, SlurmQueueConfig, SlurmResource
-    from dagster_slurm.resources.ssh import SSHConnectionResource
-
     queue = SlurmQueueConfig(partition="cpu", time_limit="00:05:00", mem="100M", cpus=1)
-    ssh = SSHConnectionResource.from_env().model_copy(update={"shared_login": mode})
-    slurm = SlurmResource.from_env(queue=queue).model_copy(update={"ssh": ssh})
-    return ComputeResource(mode="slurm", slurm=slurm)
+    # from settings (not model_copy): Dagster rebuilds a run's resources from them
+    environ = {**os.environ, "SLURM_EDGE_NODE_SHARED_LOGIN": mode}
+    return ComputeResource(mode="slurm", slurm=SlurmResource.from_env(queue=queue,
+                                                                      environ=environ))
 
 
 def bench_job():  # noqa: ANN201 - a Dagster job, reconstructed in every step process

@@ -52,9 +52,8 @@ def _accepted(slurm_cluster) -> int:
 
 
 def _required(env: dict[str, str], mode: str = "required"):
-    slurm = slurm_resource(env)
-    ssh = slurm.ssh.model_copy(update={"shared_login": mode})
-    return compute(env, slurm=slurm.model_copy(update={"ssh": ssh}))
+    # built from settings (not model_copy): Dagster rebuilds a run's resources from them
+    return compute(env, slurm=slurm_resource({**env, "SLURM_EDGE_NODE_SHARED_LOGIN": mode}))
 
 
 def test_login_status_and_logout_say_what_they_did(env, slurm_cluster):
@@ -157,10 +156,9 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
     from dagster_slurm import ComputeResource, SlurmRunAllocationConfig
 
     held, release = _held_payload(tmp_path, slurm_cluster, "holding in the allocation")
-    slurm = slurm_resource(env)
-    ssh = slurm.ssh.model_copy(update={"shared_login": "required"})
     resource = ComputeResource(
-        mode="slurm", slurm=slurm.model_copy(update={"ssh": ssh}), allocation_scope="run",
+        mode="slurm", slurm=slurm_resource({**env, "SLURM_EDGE_NODE_SHARED_LOGIN": "required"}),
+        allocation_scope="run",
         run_allocation=SlurmRunAllocationConfig(heartbeat_interval=2.0),
         env_packages=["dagster-pipes"],
     )
@@ -209,3 +207,18 @@ def test_the_orphan_sensor_logs_in_once_for_all_its_ticks(env, slurm_cluster):
         for _ in range(3):
             sensor(dg.build_sensor_context(instance=instance))
     assert _accepted(slurm_cluster) - before == 1, "the sensor logged in again at a tick"
+
+
+def test_auto_mode_after_the_shared_login_ended_logs_in_itself(env, slurm_cluster):
+    ssh = slurm_resource(env).ssh.model_copy(update={"connect_timeout": 13.0})
+    transport = ssh.get_transport()
+    assert _cli(env, "login").returncode == 0
+    try:
+        assert transport.run(["hostname"]).stdout.strip() == "login"
+        assert transport.mechanism == "shared login"
+    finally:
+        _cli(env, "logout")
+    before = _accepted(slurm_cluster)
+    assert transport.run(["hostname"]).stdout.strip() == "login"
+    assert transport.mechanism == "paramiko" and _accepted(slurm_cluster) - before == 1
+    transport.close()

@@ -175,7 +175,8 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         self.ssh.get_transport().close()
 
     def _key(self) -> tuple:
-        return (os.getpid(), self.ssh.to_target(), self.ssh.to_options(), self.remote_base, self.python)
+        return (os.getpid(), self.ssh.to_target(), self.ssh.to_options(), self.ssh.shared_login,
+                self.remote_base, self.python)
 
     def _runtime(self) -> tuple[str, SlurmScheduler]:
         key = self._key()

@@ -15,9 +15,12 @@
 * ``"off"``: always paramiko (machines without an ``ssh`` client, or to keep one
   connection per process on purpose).
 
-Once a process uses the shared login it keeps using it: when the login ends, commands
-fail with :class:`~dagster_slurm.errors.LoginRequired` until a new ``dagster-slurm login``
-(same socket path), never silently falling back to logins of their own.
+When the shared login ends, the commands in flight through it fail with
+:class:`~dagster_slurm.errors.LoginRequired` (they may or may not have completed). With
+``"required"`` every later command fails so too until a new ``dagster-slurm login`` (same
+socket path). With ``"auto"`` the next command looks again: a new shared login is used,
+else the process logs in itself, which at a site that wants a one-time code fails at once
+with the same advice.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+from dagster_slurm.errors import LoginRequired
 from dagster_slurm.transport.base import CommandResult, Stream, TransportStats
 from dagster_slurm.transport.login_place import LoginPlace, ensure_private_dir
 from dagster_slurm.transport.openssh import OpenSSHTransport, master_pid
@@ -65,7 +69,9 @@ class ChosenTransport:
     def _current(self) -> SSHTransport | OpenSSHTransport:
         with self._lock:
             if self._shared is not None:
-                return self._shared
+                if self.mode == "required" or self.place.socket.exists():
+                    return self._shared
+                self._shared = None  # "auto": the login ended (logout removes the socket)
             if self.mode == "off" or self._own.connected():
                 return self._own
             shared = OpenSSHTransport(self.target, self.options, place=self.place,
@@ -82,14 +88,32 @@ class ChosenTransport:
             self._shared = shared
             return shared
 
+    def _lost(self, used: SSHTransport | OpenSSHTransport) -> None:
+        """``used`` raised LoginRequired: in ``"auto"`` mode the next command looks again."""
+        if self.mode == "auto" and used is self._shared:
+            with self._lock:
+                self._shared = None
+            log.info("%s: the shared login is not up any more; the next command looks for "
+                     "a new one, else logs in itself", self.target.label)
+
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
             timeout: float | None = None, env: Mapping[str, str] | None = None) -> CommandResult:
         """Run ``argv``; see :class:`~dagster_slurm.transport.base.Transport`."""
-        return self._current().run(argv, stdin=stdin, timeout=timeout, env=env)
+        used = self._current()
+        try:
+            return used.run(argv, stdin=stdin, timeout=timeout, env=env)
+        except LoginRequired:
+            self._lost(used)
+            raise
 
     def open_stream(self, argv: Sequence[str]) -> Stream:
         """Start ``argv`` as a long-lived stream."""
-        return self._current().open_stream(argv)
+        used = self._current()
+        try:
+            return used.open_stream(argv)
+        except LoginRequired:
+            self._lost(used)
+            raise
 
     def connected(self) -> bool:
         """Whether commands can run now without a login of this process."""
