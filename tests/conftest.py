@@ -15,3 +15,6 @@ os.environ["DAGSTER_SLURM_LOGIN_DIR"] = f"/tmp/dslurm-test-logins-{os.getuid()}"
 # Python's own SIGINT handler in place, a run in the background behaves as in a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# The same for SIGHUP under nohup: the scripts the tests hang up on must not inherit it ignored.
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
