@@ -74,19 +74,16 @@ class ChosenTransport:
                 self._shared = None  # "auto": the login ended (logout removes the socket)
             if self.mode == "off" or self._own.connected():
                 return self._own
-            shared = OpenSSHTransport(self.target, self.options, place=self.place,
-                                      stats=self.stats)
-            if self.mode == "required":
-                self._shared = shared
-                return shared
-            pid = master_pid(self.place) if shutil.which("ssh") else None
-            if pid is None:
-                return self._own
-            ensure_private_dir(self.place.directory)  # never a socket others could plant
-            log.info("%s: using the shared login of this machine (ssh master pid %s, "
-                     "control socket %s)", self.target.label, pid, self.place.socket)
-            self._shared = shared
-            return shared
+            if self.mode == "auto":
+                pid = master_pid(self.place) if shutil.which("ssh") else None
+                if pid is None:
+                    return self._own
+                ensure_private_dir(self.place.directory)  # never a socket others could plant
+                log.info("%s: using the shared login of this machine (ssh master pid %s, "
+                         "control socket %s)", self.target.label, pid, self.place.socket)
+            self._shared = OpenSSHTransport(self.target, self.options, place=self.place,
+                                            stats=self.stats)
+            return self._shared
 
     def _lost(self, used: SSHTransport | OpenSSHTransport) -> None:
         """``used`` raised LoginRequired: in ``"auto"`` mode the next command looks again."""

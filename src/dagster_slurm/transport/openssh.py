@@ -33,6 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dagster_slurm.backoff import PollBackoff
 from dagster_slurm.errors import CommandTimeout, LoginRequired, RemoteProgramEnded, TransportError
 from dagster_slurm.transport import mux_client
 from dagster_slurm.transport.base import CommandResult, LineBuffer, TransportStats, render_command
@@ -59,6 +60,29 @@ STREAM_OPEN = "dagster-slurm-session-open"
 
 SESSION_RETRY_DELAY = 0.2
 """Seconds between tries while the server refuses new sessions (doubling up to 5 s)."""
+
+
+class _RefusedSessions:
+    """The wait between tries of a session the server refused (``MaxSessions``): back-off
+    from :data:`SESSION_RETRY_DELAY` doubling up to 5 s, until ``limit`` seconds from now."""
+
+    def __init__(self, label: str, what: str, limit: float) -> None:
+        self.label, self.what, self.limit = label, what, limit
+        self.deadline = time.monotonic() + limit
+        self.backoff = PollBackoff(initial=SESSION_RETRY_DELAY, maximum=5.0, factor=2.0)
+        self.delay = SESSION_RETRY_DELAY
+
+    def wait(self) -> None:
+        """Sleep before the next try; :class:`CommandTimeout` when it would pass the limit."""
+        if time.monotonic() + self.delay >= self.deadline:
+            raise CommandTimeout(
+                f"the login node refused a new session for {self.what} on the shared login "
+                f"to {self.label} for {self.limit:.0f} s: its sshd allows that many sessions "
+                "per connection (MaxSessions) and all are in use by this machine's processes")
+        log.info("the login node refuses more sessions on the shared login to %s "
+                 "(MaxSessions reached); trying again in %.1f s", self.label, self.delay)
+        time.sleep(self.delay)
+        self.delay = self.backoff.observe(False)
 
 
 def client_argv(place: LoginPlace, ssh: str = "ssh") -> list[str]:
@@ -151,7 +175,8 @@ class OpenSSHTransport:
     def _argv(self, command: str) -> list[str]:
         return [*client_argv(self.place, self._ssh), "--", command]
 
-    def _spawn(self, command: str) -> subprocess.Popen[bytes]:
+    def spawn(self, command: str) -> subprocess.Popen[bytes]:
+        """Start ``command`` as a session of the master through an ``ssh`` client process."""
         if not self.place.socket.exists():
             raise self.login_required(f"cannot run {command[:200]!r}")
         try:
@@ -184,19 +209,9 @@ class OpenSSHTransport:
                                  f"({self.options.max_channels} in use)")
         try:
             outcome = self._run_once(command, stdin, start + limit)
-            delay = SESSION_RETRY_DELAY
+            refusals = _RefusedSessions(self.target.label, repr(command[:200]), limit)
             while outcome.refused:
-                if time.monotonic() + delay >= start + limit:
-                    raise CommandTimeout(
-                        f"the login node refused a new session for {command[:200]!r} on the "
-                        f"shared login to {self.target.label} for {limit:.0f} s: its sshd "
-                        "allows that many sessions per connection (MaxSessions) and all are "
-                        "in use by this machine's processes")
-                log.info("the login node refuses more sessions on the shared login to %s "
-                         "(MaxSessions reached); trying again in %.1f s", self.target.label,
-                         delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                refusals.wait()
                 outcome = self._run_once(command, stdin, start + limit)
         finally:
             self._channels.release()
@@ -222,7 +237,7 @@ class OpenSSHTransport:
             except mux_client.MuxUnavailable:
                 raise self.login_required(f"cannot run {command[:200]!r}") from None
             except mux_client.MuxRefused as exc:
-                if _session_refused(str(exc).encode()) or "refused" in str(exc).lower():
+                if _session_refused(str(exc)) or "refused" in str(exc).lower():
                     return _Outcome(SSH_FAILURE, b"", str(exc).encode(), native=True,
                                     refused=True)
                 raise TransportError(f"the shared login to {self.target.label} refused a "
@@ -232,7 +247,7 @@ class OpenSSHTransport:
                                      "in time") from None
             except mux_client.MuxLost as exc:
                 raise self.failure(command, f"{exc}; it may or may not have completed") from None
-        proc = self._spawn(command)
+        proc = self.spawn(command)
         try:
             out, err = proc.communicate(stdin or b"", timeout=max(deadline - time.monotonic(),
                                                                   0.001))
@@ -240,7 +255,8 @@ class OpenSSHTransport:
             _kill(proc)
             raise CommandTimeout(f"{command[:200]!r} on {self.target.label} did not finish "
                                  "in time") from None
-        refused = proc.returncode == SSH_FAILURE and _session_refused(err)
+        refused = proc.returncode == SSH_FAILURE and _session_refused(
+            err.decode("utf-8", "replace"))
         return _Outcome(proc.returncode, out, err, native=False, refused=refused)
 
     def open_stream(self, argv: Sequence[str]) -> OpenSSHStream:
@@ -255,14 +271,11 @@ class OpenSSHTransport:
         """Give back a slot taken with :meth:`reserve_channel`."""
         self._channels.release()
 
-    def spawn(self, command: str) -> subprocess.Popen[bytes]:
-        """Start ``command`` as a session of the master (for :class:`OpenSSHStream`)."""
-        return self._spawn(command)
 
 
-def _session_refused(stderr: bytes) -> bool:
-    text = stderr.decode("utf-8", "replace").lower()
-    return any(word in text for word in _SESSION_REFUSED)
+def _session_refused(stderr: str) -> bool:
+    lowered = stderr.lower()
+    return any(word in lowered for word in _SESSION_REFUSED)
 
 
 def _mux_trouble(stderr: str) -> bool:
@@ -312,12 +325,11 @@ class OpenSSHStream:
         """Start the command and wait for the session to be open (the line
         :data:`STREAM_OPEN` comes first); a session the server refused (``MaxSessions``)
         is asked for again with back-off, for at most ``limit`` seconds."""
-        deadline = time.monotonic() + limit
-        delay = SESSION_RETRY_DELAY
+        refusals = _RefusedSessions(self._owner.target.label, repr(self._argv0), limit)
         while True:
             self._start()
             try:
-                first = self._read_line(max(deadline - time.monotonic(), 0.001))
+                first = self._read_line(max(refusals.deadline - time.monotonic(), 0.001))
             except BaseException:
                 self.close_process()
                 raise
@@ -325,19 +337,11 @@ class OpenSSHStream:
                 return
             self._proc.wait(timeout=CHECK_TIMEOUT)
             self._drain_stderr()
-            refused = self._proc.returncode == SSH_FAILURE and _session_refused(bytes(self._err))
+            refused = self._proc.returncode == SSH_FAILURE and _session_refused(self.stderr_tail())
             self.close_process()
             if not refused:
                 raise self._owner.failure(self._command, self.stderr_tail())
-            if time.monotonic() + delay >= deadline:
-                raise CommandTimeout(
-                    f"the login node refused a new session for {self._argv0!r} on the shared "
-                    f"login to {self._owner.target.label} for {limit:.0f} s (MaxSessions)")
-            log.info("the login node refuses more sessions on the shared login to %s "
-                     "(MaxSessions reached); trying again in %.1f s",
-                     self._owner.target.label, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            refusals.wait()
 
     def _release(self) -> None:
         if not self._released:
