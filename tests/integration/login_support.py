@@ -19,10 +19,13 @@ CLI = [sys.executable, "-m", "dagster_slurm.cli"]
 
 @dataclass
 class Typed:
-    """What the terminal showed and the command's exit status."""
+    """What the terminal showed and the command's exit status; ``asked_again``: after the
+    last answer the same question came again (the answer was refused) and the command was
+    stopped."""
 
     output: str
     exit_code: int
+    asked_again: bool = False
 
 
 def at_a_terminal(argv: list[str], env: Mapping[str, str], answers: list[tuple[str, Callable[[], str]]],
@@ -34,6 +37,7 @@ def at_a_terminal(argv: list[str], env: Mapping[str, str], answers: list[tuple[s
         os.execvpe(argv[0], argv, dict(env))
     output = b""
     pending = list(answers)
+    asked, typed_at, asked_again = "", 0, False
     deadline = time.monotonic() + timeout
     done, status = 0, 0
     try:
@@ -49,9 +53,13 @@ def at_a_terminal(argv: list[str], env: Mapping[str, str], answers: list[tuple[s
                     break
                 output += chunk
             if pending and re.search(pending[0][0], output.decode(errors="replace")[-400:]):
-                _, answer = pending.pop(0)
+                asked, answer = pending.pop(0)
                 os.write(fd, answer().encode() + b"\n")
                 output += b"<typed>\n"
+                typed_at = len(output)
+            elif asked and re.search(asked, output[typed_at:].decode(errors="replace")):
+                asked_again = True
+                break
         if not done:
             done, status = os.waitpid(pid, os.WNOHANG)
         if not done:
@@ -59,7 +67,8 @@ def at_a_terminal(argv: list[str], env: Mapping[str, str], answers: list[tuple[s
             _, status = os.waitpid(pid, 0)
     finally:
         os.close(fd)
-    return Typed(output.decode(errors="replace"), os.waitstatus_to_exitcode(status))
+    return Typed(output.decode(errors="replace"), os.waitstatus_to_exitcode(status),
+                 asked_again)
 
 
 def unused_code(info: DevClusterInfo) -> str:

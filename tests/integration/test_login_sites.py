@@ -11,9 +11,7 @@ the codes the site accepts now are used up).
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
 import socket
 import subprocess
 import time
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from login_support import unused_code
+from login_support import at_a_terminal, unused_code
 
 from dagster_slurm.cli import main
 from dagster_slurm.devcluster import DevCluster, DevClusterInfo
@@ -73,46 +71,11 @@ def _openssh(info: DevClusterInfo, port: int, key: Path, *command: str,
 # -- one-time codes --------------------------------------------------------------------
 
 
-def _ssh_with_code(argv: list[str], code: str, timeout: float = 40.0) -> tuple[int | None, str]:
-    """Run ``argv`` (an ssh command) on a pseudo-terminal as its controlling terminal and
-    type ``code`` at the first code prompt. Returns (exit status, output); the status is
-    None when ssh asked for a code again (the code was refused) and was stopped."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(["setsid", "--ctty", *argv], stdin=follower, stdout=follower,
-                            stderr=follower, close_fds=True)
-    os.close(follower)
-    output, prompts, refused = b"", 0, False
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([leader], [], [], deadline - time.monotonic())
-            if not ready:
-                break
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # EIO: every process of the terminal has closed it
-                break
-            if not chunk:
-                break
-            output += chunk
-            if output.count(CODE_PROMPT) > prompts:
-                prompts += 1
-                if prompts > 1:
-                    refused = True
-                    break
-                os.write(leader, code.encode() + b"\n")
-    finally:
-        os.close(leader)
-        if refused or proc.poll() is None:
-            proc.kill()
-        status = proc.wait(timeout=10)
-    return (None if refused else status), output.decode(errors="replace")
-
-
 def _otp_login(info: DevClusterInfo, code: str, command: str) -> tuple[int | None, str]:
     argv = ["ssh", *_ssh_options(info), "-i", str(info.key_path),
             "-p", str(info.site("otp").port), f"{info.user}@{info.host}", command]
-    return _ssh_with_code(argv, code)
+    typed = at_a_terminal(argv, os.environ, [(CODE_PROMPT.decode(), lambda: code)], timeout=40)
+    return (None if typed.asked_again else typed.exit_code), typed.output
 
 
 def test_otp_site_refuses_the_key_alone_and_offers_keyboard_interactive(

@@ -112,6 +112,23 @@ def _materialize_in_thread(payload: str, resource, instance) -> tuple[threading.
     return runner, out
 
 
+def _logout_fails_the_step(env: dict[str, str], runner: threading.Thread, out: dict) -> None:
+    """End the shared login; the step waiting on its Slurm work fails naming the command."""
+    assert "ended" in _cli(env, "logout").stdout
+    runner.join(120)
+    assert not runner.is_alive(), "the step did not fail after the login ended"
+    text = step_failure(out["result"])
+    assert "LoginRequired" in text and "dagster-slurm login" in text
+
+
+def _release_and_cancel(env: dict[str, str], release: Path, runner: threading.Thread,
+                        job_id: str | None) -> None:
+    release.write_text("")
+    runner.join(120)
+    if job_id:
+        subprocess.run(["scancel", job_id], env={"SLURM_CONF": env["SLURM_CONF"]}, check=False)
+
+
 def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
         env, tmp_path, slurm_cluster, login):
     held, release = _held_payload(tmp_path, slurm_cluster, "holding")
@@ -131,12 +148,7 @@ def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
             return None
 
         job_id = wait_until(running_job, 120, "the held job to run")
-        ended = _cli(env, "logout")
-        assert "ended" in ended.stdout
-        runner.join(120)
-        assert not runner.is_alive(), "the step did not fail after the login ended"
-        text = step_failure(out["result"])
-        assert "LoginRequired" in text and "dagster-slurm login" in text
+        _logout_fails_the_step(env, runner, out)
         assert squeue_state(env, job_id) == "RUNNING", "the lost login cancelled the job"
         assert any("is left as it is" in (m or "") for m in run_logs(out["result"]))
         relogin = _cli(env, "login")
@@ -144,11 +156,7 @@ def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
         quick = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
         assert materialize_one(quick, resource).success
     finally:
-        release.write_text("")
-        runner.join(120)
-        if job_id:
-            subprocess.run(["scancel", job_id], env={"SLURM_CONF": env["SLURM_CONF"]},
-                           check=False)
+        _release_and_cancel(env, release, runner, job_id)
 
 
 def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path, slurm_cluster,
@@ -176,11 +184,7 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
                                text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
         (allocation,) = [line.split("|")[0] for line in names
                          if line.split("|")[1].startswith(f"dsr-{run.run_id}")]
-        assert "ended" in _cli(env, "logout").stdout
-        runner.join(120)
-        assert not runner.is_alive(), "the step did not fail after the login ended"
-        text = step_failure(out["result"])
-        assert "LoginRequired" in text and "dagster-slurm login" in text
+        _logout_fails_the_step(env, runner, out)
         assert squeue_state(env, allocation) == "RUNNING", "the lost login ended the allocation"
         steps = subprocess.run(["squeue", "-h", "-s", "-j", allocation, "-o", "%i"],
                                capture_output=True, text=True,
@@ -188,11 +192,7 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
         assert any(not step.endswith((".batch", ".extern")) for step in steps), (
             f"the payload's job step was cancelled: {steps}")
     finally:
-        release.write_text("")
-        runner.join(120)
-        if allocation:
-            subprocess.run(["scancel", allocation], env={"SLURM_CONF": env["SLURM_CONF"]},
-                           check=False)
+        _release_and_cancel(env, release, runner, allocation)
 
 
 def test_the_orphan_sensor_logs_in_once_for_all_its_ticks(env, slurm_cluster):
