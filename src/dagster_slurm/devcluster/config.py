@@ -25,7 +25,6 @@ from dagster_slurm.devcluster.layout import (
     LOOPBACK,
     NODES,
     PARTITION_MAX_TIME,
-    PORTS,
     REAL_MEMORY_MB,
     Node,
     Settings,
@@ -53,14 +52,14 @@ class RenderedFile:
     mode: int = 0o644
 
 
-def _node_line(node: Node) -> str:
+def _node_line(settings: Settings, node: Node) -> str:
     gres = f" Gres=gpu:{node.gpus}" if node.gpus else ""
     return render_template(
         "slurm-node.line",
         {
             "name": node.name,
             "address": node.address,
-            "port": node.port,
+            "port": settings.node_port(node),
             "cpus": CPUS_PER_NODE,
             "memory": REAL_MEMORY_MB,
             "gres": gres,
@@ -86,15 +85,15 @@ def render_slurm_conf(settings: Settings) -> str:
         {
             "cluster_name": CLUSTER_NAME,
             "loopback": LOOPBACK,
-            "slurmctld_port": PORTS["slurmctld"],
-            "slurmdbd_port": PORTS["slurmdbd"],
+            "slurmctld_port": settings.port("slurmctld"),
+            "slurmdbd_port": settings.port("slurmdbd"),
             "munge_socket": paths.munge_socket,
             "ctld_state": paths.ctld_state,
             "spool": paths.spool,
             "run": paths.run,
             "log": paths.log,
             "def_mem_per_cpu": DEF_MEM_PER_CPU_MB,
-            "node_lines": "\n".join(_node_line(n) for n in NODES),
+            "node_lines": "\n".join(_node_line(settings, n) for n in NODES),
             "cpu_partition": CPU_PARTITION,
             "gpu_partition": GPU_PARTITION,
             "cpu_nodes": _names(CPU_PARTITION),
@@ -120,10 +119,10 @@ def render_slurmdbd_conf(settings: Settings, db_password: str) -> str:
         {
             "munge_socket": paths.munge_socket,
             "loopback": LOOPBACK,
-            "slurmdbd_port": PORTS["slurmdbd"],
+            "slurmdbd_port": settings.port("slurmdbd"),
             "log": paths.log,
             "run": paths.run,
-            "mariadb_port": PORTS["mariadb"],
+            "mariadb_port": settings.port("mariadb"),
             "db_password": db_password,
         },
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dagster_slurm.devcluster import database
-from dagster_slurm.devcluster.layout import LOGIN_NODE, LOOPBACK, NODES, PORTS, Node, Settings
+from dagster_slurm.devcluster.layout import LOGIN_NODE, LOOPBACK, NODES, Node, Settings
 from dagster_slurm.devcluster.probes import ClusterProbes
 from dagster_slurm.devcluster.processes import SYSTEM_PATH, daemon_env
 
@@ -191,7 +191,7 @@ def _mariadb(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
             "--no-defaults",
             f"--datadir={paths.mariadb_data}",
             f"--socket={paths.mariadb_socket}",
-            f"--port={PORTS['mariadb']}",
+            f"--port={settings.port('mariadb')}",
             f"--bind-address={LOOPBACK}",
             f"--pid-file={paths.pid_file('mariadb')}",
             f"--log-error={paths.log_file('mariadb')}",
@@ -207,7 +207,7 @@ def _mariadb(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
         config_files=(),
         ready=probes.mariadb,
         ready_timeout=30.0,
-        ports=((LOOPBACK, PORTS["mariadb"]),),
+        ports=((LOOPBACK, settings.port("mariadb")),),
         before_launch=lambda: database.install_database(paths, env),
         after_ready=lambda: database.apply_grants(paths, database.ensure_password(paths), env),
     )
@@ -223,7 +223,7 @@ def _slurmdbd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
         logs=(paths.log_file("slurmdbd"), paths.output_file("slurmdbd")),
         config_files=(paths.slurmdbd_conf,),
         ready=probes.slurmdbd,
-        ports=((LOOPBACK, PORTS["slurmdbd"]),),
+        ports=((LOOPBACK, settings.port("slurmdbd")),),
         env={"SLURM_CONF": str(paths.slurm_conf)},
     )
 
@@ -238,7 +238,7 @@ def _slurmctld(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
         logs=(paths.log_file("slurmctld"), paths.output_file("slurmctld")),
         config_files=(paths.slurm_conf, paths.gres_conf),
         ready=probes.slurmctld,
-        ports=((LOOPBACK, PORTS["slurmctld"]),),
+        ports=((LOOPBACK, settings.port("slurmctld")),),
         env={"SLURM_CONF": str(paths.slurm_conf)},
     )
 
@@ -259,7 +259,7 @@ def _slurmd(settings: Settings, probes: ClusterProbes, node: Node) -> DaemonSpec
         logs=(paths.log_file(node.daemon), paths.output_file(node.daemon)),
         config_files=(paths.slurm_conf, paths.gres_conf, paths.node_hosts),
         ready=readiness,
-        ports=((node.address, node.port),),
+        ports=((node.address, settings.node_port(node)),),
         env={"SLURM_CONF": str(paths.slurm_conf)},
         before_launch=lambda: readiness.expect_start_after(time.time()),
         describe=lambda: f"node state {readiness.last_state}",

@@ -27,6 +27,10 @@ USER_ENV = "DAGSTER_SLURM_DEV_USER"
 SSH_LISTEN_ENV = "DAGSTER_SLURM_DEV_SSH_LISTEN"
 #: Environment variable that chooses the extra login sites (see :func:`parse_login_sites`).
 LOGIN_SITES_ENV = "DAGSTER_SLURM_DEV_LOGIN_SITES"
+#: Environment variable that moves every port of the cluster (its daemons' and its SSH port's
+#: default) by the same amount, so that a second cluster (with its own state directory) runs
+#: beside the first without sharing a port.
+PORT_OFFSET_ENV = "DAGSTER_SLURM_DEV_PORT_OFFSET"
 
 DEFAULT_STATE_DIR = Path("/tmp/dslurm")
 DEFAULT_SSH_PORT = 2222
@@ -109,10 +113,6 @@ class Node:
         """Name of this node's slurmd in the pid records and ``status`` output."""
         return f"slurmd-{self.name}"
 
-    @property
-    def port(self) -> int:
-        """TCP port of this node's slurmd."""
-        return PORTS[self.daemon]
 
 
 CPUS_PER_NODE = 2
@@ -137,7 +137,8 @@ class Settings:
     """Values a user may choose: where the state lives, the SSH port and the submitter.
 
     ``state_dir`` holds all configuration, logs, pid files, spool and database data;
-    ``ssh_port`` is the port of the login node's sshd; ``user`` is the non-root account
+    ``ssh_port`` is the port of the login node's sshd; ``port_offset`` is added to every
+    daemon's port (:data:`PORTS`; 0 for the first cluster of a machine); ``user`` is the non-root account
     jobs are submitted as over SSH; ``ssh_listen`` the address sshd binds (loopback
     unless the cluster runs in a container that publishes the port); ``login_sites`` the
     extra login sites to run (names of :data:`LOGIN_SITES`).
@@ -148,6 +149,15 @@ class Settings:
     user: str = DEFAULT_USER
     ssh_listen: str = LOOPBACK
     login_sites: tuple[str, ...] = ()
+    port_offset: int = 0
+
+    def port(self, daemon: str) -> int:
+        """TCP port of ``daemon`` (a key of :data:`PORTS`) in this cluster."""
+        return PORTS[daemon] + self.port_offset
+
+    def node_port(self, node: Node) -> int:
+        """TCP port of compute node ``node``'s slurmd in this cluster."""
+        return self.port(node.daemon)
 
     def site_port(self, site: str) -> int:
         """SSH port of login site ``site``: the login node's port plus the site's offset."""
@@ -165,8 +175,10 @@ class Settings:
 
     @property
     def deployment_base_path(self) -> Path:
-        """Directory owned by the submitter where deployments are placed."""
-        return self.home / DEPLOYMENT_DIR_NAME
+        """Directory owned by the submitter where deployments are placed (one per cluster
+        of the machine: a second cluster's runs never meet the first one's)."""
+        suffix = f"-{self.port_offset}" if self.port_offset else ""
+        return self.home / f"{DEPLOYMENT_DIR_NAME}{suffix}"
 
     @property
     def paths(self) -> Paths:
@@ -180,6 +192,7 @@ def resolve_settings(
     user: str | None = None,
     ssh_listen: str | None = None,
     login_sites: Iterable[str] | None = None,
+    port_offset: int | None = None,
 ) -> Settings:
     """Combine explicit values, environment variables and the values ``up`` recorded.
 
@@ -189,6 +202,15 @@ def resolve_settings(
     """
     root = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
     recorded = _read_recorded(Paths(root).settings_file)
+    offset_text = port_offset if port_offset is not None else (
+        os.environ.get(PORT_OFFSET_ENV) or recorded.get("port_offset") or 0)
+    try:
+        offset = int(str(offset_text))
+    except ValueError:
+        raise DevClusterError(
+            f"{PORT_OFFSET_ENV}={offset_text!r} is not a whole number of ports") from None
+    if not 0 <= offset <= 20000:
+        raise DevClusterError(f"{PORT_OFFSET_ENV}={offset} must lie between 0 and 20000")
     port = ssh_port or os.environ.get(SSH_PORT_ENV) or recorded.get("ssh_port")
     name = user or os.environ.get(USER_ENV) or recorded.get("user")
     listen = ssh_listen or os.environ.get(SSH_LISTEN_ENV) or recorded.get("ssh_listen")
@@ -205,10 +227,11 @@ def resolve_settings(
         raise DevClusterError(f"{source}: {exc}") from None
     return Settings(
         state_dir=root.absolute(),
-        ssh_port=int(str(port or DEFAULT_SSH_PORT)),
+        ssh_port=int(str(port or DEFAULT_SSH_PORT + offset)),
         user=str(name or DEFAULT_USER),
         ssh_listen=str(listen or LOOPBACK),
         login_sites=chosen_sites,
+        port_offset=offset,
     )
 
 
@@ -219,6 +242,7 @@ def record_settings(settings: Settings) -> None:
         "user": settings.user,
         "ssh_listen": settings.ssh_listen,
         "login_sites": list(settings.login_sites),
+        "port_offset": settings.port_offset,
     }
     path = settings.paths.settings_file
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from dagster_slurm.devcluster.layout import LOOPBACK, PORTS, Settings
+from dagster_slurm.devcluster.layout import LOOPBACK, Settings
 from dagster_slurm.devcluster.processes import daemon_env, port_open, run, ssh_banner
 
 #: Base node states in which a node accepts work.
@@ -110,7 +110,7 @@ class ClusterProbes:
 
     def slurmdbd(self) -> bool:
         """slurmdbd's port accepts connections."""
-        return port_open(LOOPBACK, PORTS["slurmdbd"])
+        return port_open(LOOPBACK, self.settings.port("slurmdbd"))
 
     def slurmctld(self) -> bool:
         """``scontrol ping`` reports the controller UP."""
