@@ -6,14 +6,15 @@ state slurmdbd last heard of (here RUNNING) for a job ``squeue`` already lists a
 COMPLETED. These tests stop the cluster's real slurmdbd around a job's end and check the
 asset's metadata: COMPLETED read from ``sacct`` once it caught up, or COMPLETED as seen by
 ``squeue`` (with ``dagster_slurm/state_source`` saying so and the accounting figures null)
-when it did not within the library's deadline. slurmdbd is started again in a ``finally``
+when it did not within the library's deadline. With slurmdbd away for a whole run (both
+scopes), every step reports the state ``squeue`` or its status file gave, nothing waits for
+accounting, and the run is warned once. slurmdbd is started again in a ``finally``
 (through the dev cluster, whose launcher closes inherited file descriptors, so the
 restarted daemon does not hold the integration-test lock) and waited for until ``sacct``
 answers.
 """
 
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -21,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from compute_support import (
     PAYLOAD_OK,
@@ -31,8 +33,8 @@ from compute_support import (
     write_payload,
 )
 
+from dagster_slurm import ComputeResource
 from dagster_slurm.compute import slurm_runner
-from dagster_slurm.session.frontend import runner as session_runner
 from dagster_slurm.slurm.states import JobState
 
 pytestmark = pytest.mark.integration
@@ -219,27 +221,72 @@ def test_accounting_that_lags_past_the_deadline_is_never_reported_running(
         assert meta["dagster_slurm/elapsed_seconds"] is None and warned
 
 
-def test_accounting_away_past_the_deadline_gives_the_squeue_state_and_null_figures(
-    slurm_cluster, slurmdbd, tmp_path, monkeypatch
+def _three_assets(payload: str):
+    """Three assets of one run, each one Slurm job (or one step of the run's allocation)."""
+    assets = []
+    for name in ("first", "second", "third"):
+        @dg.asset(name=name)
+        def _asset(context: dg.AssetExecutionContext, compute: ComputeResource):
+            yield from compute.run(context=context, payload_path=payload,
+                                   extras={"answer": 42}).get_results()
+        assets.append(_asset)
+    return assets
+
+
+def _whole_run_without_accounting(resource: ComputeResource, payload: str):
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(_three_assets(payload), resources={"compute": resource},
+                            raise_on_error=False, instance=instance)
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    metas = [{key: value.value for key, value in event.materialization.metadata.items()}
+             for event in result.get_asset_materialization_events()]
+    return result, logs, metas
+
+
+def test_accounting_away_for_a_whole_run_gives_squeue_states_one_warning_and_no_wait(
+    slurm_cluster, slurmdbd, tmp_path
 ):
-    monkeypatch.setattr(slurm_runner, "ACCOUNTING_DEADLINE", SHORT_DEADLINE)
-    env = slurm_cluster.env()
+    # The library's own deadline (15 s) stays: accounting away since before the run's jobs
+    # is not waited for, which the warning's "after 1 read(s) over 0.0 s" says.
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     slurmdbd.stop()
-    result = materialize_one(payload, compute(env), raise_on_error=False)
+    result, logs, metas = _whole_run_without_accounting(compute(slurm_cluster.env()), payload)
     assert result.success
-    (event,) = result.get_asset_materialization_events()
-    meta = {key: value.value for key, value in event.materialization.metadata.items()}
-    assert meta["rows"] == 42
-    assert meta["dagster_slurm/state"] == "COMPLETED"
-    assert meta["dagster_slurm/state_source"] == "squeue"
-    assert meta["dagster_slurm/exit_code"] == 0 and meta["dagster_slurm/nodes"]
-    for key in ("elapsed_seconds", "cpu_efficiency", "max_rss_mb"):
-        assert meta[f"dagster_slurm/{key}"] is None, key
-    warnings = [m for m in run_logs(result) if "showed no final state" in (m or "")]
-    assert len(warnings) == 1 and "sacct failed" in warnings[0], warnings
-    waited = re.search(r"over ([0-9.]+) s", warnings[0])
-    assert waited and float(waited.group(1)) >= SHORT_DEADLINE  # read until the deadline
+    assert len(metas) == 3
+    for meta in metas:
+        assert meta["rows"] == 42
+        assert meta["dagster_slurm/state"] == "COMPLETED"
+        assert meta["dagster_slurm/state_source"] == "squeue"
+        assert meta["dagster_slurm/exit_code"] == 0 and meta["dagster_slurm/nodes"]
+        for key in ("elapsed_seconds", "cpu_efficiency", "max_rss_mb"):
+            assert meta[f"dagster_slurm/{key}"] is None, key
+    warnings = [m for m in logs if "showed no final state" in (m or "")]
+    assert len(warnings) == 1, warnings
+    assert "sacct failed" in warnings[0] and "once per run" in warnings[0]
+    assert "after 1 read(s) over 0.0 s" in warnings[0]
+
+
+def test_a_run_scope_run_while_accounting_is_away_reports_status_file_states_once_warned(
+    slurm_cluster, slurmdbd, tmp_path
+):
+    from session_support import session_compute
+
+    payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
+    slurmdbd.stop()
+    result, logs, metas = _whole_run_without_accounting(
+        session_compute("bash", slurm_cluster.env()), payload)
+    assert result.success, step_failure(result)
+    assert len(metas) == 3
+    for meta in metas:
+        assert meta["dagster_slurm/state"] == "COMPLETED"
+        assert meta["dagster_slurm/state_source"] == "status_file"
+        assert "." in meta["dagster_slurm/job_id"] and meta["dagster_slurm/exit_code"] == 0
+        for key in ("elapsed_seconds", "cpu_efficiency", "max_rss_mb"):
+            assert meta[f"dagster_slurm/{key}"] is None, key
+    warnings = [m for m in logs if "showed no final state" in (m or "")]
+    assert len(warnings) == 1, warnings
+    assert "sacct failed" in warnings[0] and "once per run" in warnings[0]
+    assert "after 1 read(s) over 0.0 s" in warnings[0]
 
 
 def _record_failure(function, seen: dict, release: Path) -> None:
@@ -248,26 +295,3 @@ def _record_failure(function, seen: dict, release: Path) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported by the test's assertion
         seen["error"] = f"{type(exc).__name__}: {exc}"
         release.write_text("go\n")  # let the payload end
-
-
-def test_a_run_scope_step_while_accounting_is_away_reports_the_status_file_state(
-    slurm_cluster, slurmdbd, tmp_path, monkeypatch
-):
-    from session_support import session_compute
-
-    monkeypatch.setattr(session_runner, "ACCOUNTING_DEADLINE", SHORT_DEADLINE)
-
-    payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
-    compute = session_compute("bash", slurm_cluster.env())
-    slurmdbd.stop()
-    result = materialize_one(payload, compute, raise_on_error=False)
-    assert result.success, step_failure(result)
-    (event,) = result.get_asset_materialization_events()
-    meta = {key: value.value for key, value in event.materialization.metadata.items()}
-    assert meta["dagster_slurm/state"] == "COMPLETED"
-    assert meta["dagster_slurm/state_source"] == "status_file"
-    assert "." in meta["dagster_slurm/job_id"] and meta["dagster_slurm/exit_code"] == 0
-    for key in ("elapsed_seconds", "cpu_efficiency", "max_rss_mb"):
-        assert meta[f"dagster_slurm/{key}"] is None, key
-    warnings = [m for m in run_logs(result) if "showed no final state" in (m or "")]
-    assert len(warnings) == 1 and "sacct failed" in warnings[0], warnings

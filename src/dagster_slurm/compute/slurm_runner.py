@@ -36,6 +36,7 @@ from dagster_slurm.jobs.final_accounting import (
     job_accounting,
     lag_warning,
     observed_metrics,
+    once_per_run,
 )
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.outcome import outcome_error
@@ -112,6 +113,9 @@ class SlurmJob(PreparedJob):
     spec: SbatchSpec
     activation: str | None
     status_seen: _StatusSeen
+    #: The scheduler's clock when the call was prepared (before the submission): accounting
+    #: that answered after it is only restarting if it fails at the job's end.
+    prepared_at: float = 0.0
 
 
 class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
@@ -156,6 +160,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             context, request, PipesDeferredFileContextInjector(paths.context),
             tail_reader(scheduler.agent, paths, context, self.poll_interval, on_status=status_seen),
             scheduler, paths, job_name, payload, spec, activation, status_seen,
+            scheduler.now(),
         )
 
     def _start(self, job: SlurmJob, pipes: Any) -> str:
@@ -264,11 +269,14 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         # shows a final state, else report what was observed (see jobs/final_accounting.py).
         # A failed job's figures are not reported: no second read for it.
         deadline = self.accounting_deadline if error is None else 0.0
-        read = job_accounting(scheduler, handle, acct.result(), deadline=deadline) if acct else None
+        read = (job_accounting(scheduler, handle, acct.result(), deadline=deadline,
+                               started=job.prepared_at) if acct else None)
         if error is not None:
             raise error
         metrics = observed_metrics(result, read)
-        warning = lag_warning(handle, read, metrics) if read is not None else None
+        warning = (once_per_run(lag_warning(handle, read, metrics), read.value,
+                                scheduler.accounting_outlook, step_identity(job.context)[0])
+                   if read is not None else None)
         if warning is not None:
             job.context.log.warning(warning)
         job.context.log.info(f"Slurm job {handle} completed")

@@ -19,6 +19,12 @@ from typing import Generic, TypeVar
 from dagster_slurm.agent.results import ExecResult
 from dagster_slurm.backoff import PollBackoff
 from dagster_slurm.jobs.metrics import SOURCE_SACCT, JobMetrics, from_sacct
+from dagster_slurm.scheduler.accounting_outlook import (
+    AccountingOutlook,
+    AccountingReach,
+    end_read_deadline,
+    reach_of,
+)
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler
 from dagster_slurm.slurm.accounting import SacctRecord
 
@@ -136,19 +142,29 @@ def job_accounting(
     first: ExecResult,
     *,
     deadline: float = ACCOUNTING_DEADLINE,
+    started: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> FinalRead[AccountingAnswer]:
     """Accounting of the finished job ``job_id``: ``first`` is the result of an
     ``accounting_op`` the caller already sent (in the round trip of other work); while it
     shows no final state, sacct is asked again, one round trip per read, until
-    ``deadline`` seconds have passed (see :func:`read_until_final`)."""
+    ``deadline`` seconds have passed (see :func:`read_until_final`).
+
+    With ``started`` (the scheduler's clock when the job was submitted), a failing sacct is
+    asked again only if it answered after that moment (slurmdbd restarting); accounting
+    that is disabled, or away since before the job, is not waited for (see
+    :func:`~dagster_slurm.scheduler.accounting_outlook.end_read_deadline`)."""
 
     def read() -> AccountingAnswer:
         return sacct_answer(scheduler, job_id, scheduler.agent.run(scheduler.accounting_op([job_id])))
 
+    answer = sacct_answer(scheduler, job_id, first)
+    if started is not None:
+        deadline = end_read_deadline(scheduler.accounting_outlook.view(),
+                                     reach_of(first.rc, first.stderr), started, deadline)
     return read_until_final(
-        read, lambda answer: answer.final, first=sacct_answer(scheduler, job_id, first),
+        read, lambda answer: answer.final, first=answer,
         deadline=deadline, clock=clock, sleep=sleep,
     )
 
@@ -181,3 +197,27 @@ def lag_warning(job_id: str, read: FinalRead[AccountingAnswer], metrics: JobMetr
         f"read(s) over {read.waited:.1f} s ({last}); the metadata reports {used}, and "
         "elapsed time, node-hours, CPU efficiency, MaxRSS and the GPU figures as null"
     )
+
+
+def accounting_away(answer: AccountingAnswer | None) -> AccountingReach | None:
+    """How the last read failed when sacct failed (disabled, or unreachable), else None."""
+    if answer is None or answer.error is None:
+        return None
+    return reach_of(1, answer.error)
+
+
+def once_per_run(warning: str | None, answer: AccountingAnswer | None,
+                 outlook: AccountingOutlook, run_id: str) -> str | None:
+    """``warning`` (a :func:`lag_warning`) as the run should see it. When sacct *failed*
+    (accounting disabled or slurmdbd away), the run is told once, with what follows for its
+    other steps, and None is returned for the later ones; a stale answer (accounting merely
+    behind) is said for every job, as it is about that job."""
+    away = accounting_away(answer)
+    if warning is None or away is None:
+        return warning
+    if not outlook.first_warning(run_id):
+        return None
+    why = ("Slurm accounting is disabled on this cluster" if away is AccountingReach.DISABLED
+           else "Slurm's accounting (slurmdbd) does not answer")
+    return (f"{warning}. {why}: the run's other steps report their states the same way, "
+            "without waiting for accounting, and this is said once per run")

@@ -34,6 +34,7 @@ from dagster_slurm.agent import (
 )
 from dagster_slurm.agent.results import ExecResult, JobStatusResult
 from dagster_slurm.errors import CommandFailed, SchedulerError
+from dagster_slurm.scheduler.accounting_outlook import AccountingOutlook, probe_argv, reach_of
 from dagster_slurm.scheduler.pacing import RateLimiter
 from dagster_slurm.slurm import (
     JobState,
@@ -64,7 +65,8 @@ log = logging.getLogger("dagster_slurm.scheduler")
 @dataclass
 class SchedulerStats:
     """How many scheduler RPCs (sbatch, squeue, sacct, scancel, scontrol) this client caused;
-    an ``sbatch --test-only`` of a start estimate counts as ``sbatch_test``."""
+    an ``sbatch --test-only`` of a start estimate counts as ``sbatch_test``, the accounting
+    probe of a status poll (at most one a minute) as ``sacct_probe``."""
 
     calls: int = 0
     by_command: dict[str, int] = field(default_factory=dict)
@@ -201,6 +203,15 @@ class SlurmScheduler:
         self.stats = SchedulerStats()
         self._submit_limit = RateLimiter(submit_interval, clock=clock, sleep=sleep)
         self._config: dict[str, str] | None = None
+        self._clock = clock
+        #: What this process knows of the cluster's accounting: fed by every sacct answer
+        #: and by the probe a status poll carries when nothing was heard for a minute.
+        self.accounting_outlook = AccountingOutlook()
+
+    def now(self) -> float:
+        """The scheduler's clock (monotonic seconds), the time base of
+        :attr:`accounting_outlook`."""
+        return self._clock()
 
     # -- submission ------------------------------------------------------------------------
     def submit(
@@ -286,10 +297,14 @@ class SlurmScheduler:
         """
         op = self.status_op(job_names, known_ids, status_files=status_files,
                             accounting=accounting, shared=shared, fresh=fresh)
+        probing = accounting and self.accounting_outlook.probe_due(self._clock())
         with self.agent.batch() as batch:
             status = batch.add(op)
             beats = [(path, batch.add(write_file_op(path, content)))
                      for path, content in (heartbeats or {}).items()]
+            probe = batch.add(exec_op(probe_argv(), timeout=30.0)) if probing else None
+        if probe is not None:
+            self._observe_accounting(probe)
         for path, beat in beats:
             if not beat.ok:
                 log.debug("heartbeat %s not written: %s", path, (beat.raw or {}).get("error"))
@@ -351,6 +366,8 @@ class SlurmScheduler:
         acct: dict[str, SacctRecord] = {}
         if result.sacct is not None:
             self.stats.count("sacct")
+            self.accounting_outlook.observe(reach_of(result.sacct.rc, result.sacct.stderr),
+                                            self._clock())
             if result.sacct.rc == 0:
                 acct = parse_sacct(result.sacct.stdout)
         records = {r.job_id: r for r in parse_squeue(result.squeue.stdout)} if result.squeue.rc == 0 else {}
@@ -383,7 +400,19 @@ class SlurmScheduler:
         """Records of an :meth:`accounting_op` result (counts the call; empty when sacct
         failed, for example without accounting)."""
         self.stats.count("sacct")
+        self.accounting_outlook.observe(reach_of(result.rc, result.stderr), self._clock())
         return fold_accounting_records(parse_sacct(result.stdout)) if result.rc == 0 else {}
+
+    def _observe_accounting(self, probe: PendingResult[ExecResult]) -> None:
+        """Feed a probe's answer to :attr:`accounting_outlook` (an op that got no answer
+        tells nothing). Counted as ``sacct_probe``: it asks slurmdbd for no job."""
+        self.stats.count("sacct_probe")
+        try:
+            result = probe.result()
+        except Exception as exc:  # noqa: BLE001 - the probe only informs
+            log.debug("accounting probe gave no answer: %s", exc)
+            return
+        self.accounting_outlook.observe(reach_of(result.rc, result.stderr), self._clock())
 
     # -- control ---------------------------------------------------------------------------
     def cancel(

@@ -353,3 +353,83 @@ def test_step_metrics_wait_for_the_step_line_and_never_report_running(
     assert meta["dagster_slurm/elapsed_seconds"] is None and clock.t == pytest.approx(4.0)
     assert "showed no final state" in caplog.text
     assert "sacct said RUNNING for the step" in caplog.text
+
+
+# -- accounting that is away ---------------------------------------------------------------
+
+def test_accounting_away_since_before_the_job_is_read_once_without_waiting(
+    tmp_path, scripted_sacct
+) -> None:
+    transport = LocalTransport(default_timeout=60)
+    scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))
+    scripted_sacct(*([None] * 5))
+    started = scheduler.now()
+    first = scheduler.agent.run(scheduler.accounting_op(["7"]))
+    clock = Clock()
+    got = job_accounting(scheduler, "7", first, deadline=15.0, started=started,
+                         clock=clock, sleep=clock.sleep)
+    assert not got.final and got.attempts == 1 and clock.sleeps == []
+
+
+def test_accounting_that_answered_during_the_job_is_read_again_when_it_fails_at_the_end(
+    tmp_path, scripted_sacct
+) -> None:
+    transport = LocalTransport(default_timeout=60)
+    scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))
+    scripted_sacct(RUNNING, None, COMPLETED)
+    started = scheduler.now()
+    scheduler.accounting_records(scheduler.agent.run(scheduler.accounting_op(["7"])))  # answered
+    first = scheduler.agent.run(scheduler.accounting_op(["7"]))  # slurmdbd restarting
+    clock = Clock()
+    got = job_accounting(scheduler, "7", first, deadline=15.0, started=started,
+                         clock=clock, sleep=clock.sleep)
+    assert got.final and got.attempts == 2
+
+
+def test_a_status_poll_carries_one_accounting_probe_a_minute(tmp_path, scripted_sacct) -> None:
+    transport = LocalTransport(default_timeout=60)
+    now = [1000.0]
+    scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable),
+                               clock=lambda: now[0])
+    scripted_sacct(None, "")  # the poll's probe fails, the next one answers
+    squeue = tmp_path / "bin" / "squeue"
+    squeue.write_text("#!/bin/sh\nexit 0\n")
+    squeue.chmod(0o755)
+    scheduler.status(["dsl-x"], [], accounting=False)
+    assert scheduler.stats.by_command.get("sacct_probe") is None  # no accounting asked for
+    before = transport.stats.round_trips
+    scheduler.status(["dsl-x"], [])
+    assert scheduler.stats.by_command["sacct_probe"] == 1
+    assert transport.stats.round_trips - before == 1, "the probe rides in the poll's round trip"
+    assert scheduler.accounting_outlook.view().failed_at == 1000.0
+    scheduler.status(["dsl-x"], [])
+    assert scheduler.stats.by_command["sacct_probe"] == 1, "not again within the minute"
+    now[0] += 60.0
+    scheduler.status(["dsl-x"], [])
+    assert scheduler.stats.by_command["sacct_probe"] == 2
+    assert scheduler.accounting_outlook.view().answered_at == 1060.0
+
+
+def test_a_run_scope_step_does_not_wait_for_accounting_away_and_the_run_is_told_once(
+    tmp_path, scripted_sacct, caplog
+) -> None:
+    from dagster_slurm.session.frontend.runner import STEP_ID_FILE, step_metrics
+
+    transport = LocalTransport(default_timeout=60)
+    scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / STEP_ID_FILE).write_text("0\n")
+    paths = SimpleNamespace(file=lambda name: str(job_dir / name))
+    allocation = SimpleNamespace(scheduler=scheduler, job_id="7", head="c1")
+    scripted_sacct(*([None] * 5))
+    started = scheduler.now()
+    told: list[str] = []
+    for _ in range(2):
+        clock = Clock()
+        meta = step_metrics(allocation, paths, 0, clock=clock, sleep=clock.sleep, warn=told.append,
+                            started=started, run_id="run-a").as_metadata()
+        assert (meta["dagster_slurm/state"], meta["dagster_slurm/state_source"]) == \
+            ("COMPLETED", "status_file")
+        assert clock.sleeps == []
+    assert len(told) == 1 and "once per run" in told[0] and "sacct failed" in told[0]

@@ -31,6 +31,9 @@ from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_r
 from dagster_slurm.jobs.final_accounting import (
     ACCOUNTING_DEADLINE,
     AccountingAnswer,
+    FinalRead,
+    accounting_away,
+    once_per_run,
     read_until_final,
     sacct_answer,
 )
@@ -42,6 +45,7 @@ from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner, PreparedJob
 from dagster_slurm.launchers.base import ComputeLauncher, ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.pipes.context import PipesDeferredFileContextInjector
+from dagster_slurm.scheduler.accounting_outlook import end_read_deadline
 from dagster_slurm.session.core.allocation import (
     RECORD_STEP_ID,
     STEP_ID_FILE,
@@ -117,6 +121,9 @@ class SessionStep(PreparedJob):
     record_path: str
     record: reattach.CallRecord
     attached: StepHandle | None = None
+    #: The scheduler's clock when the call was prepared: accounting that answered after it
+    #: is only restarting if it fails at the step's end.
+    prepared_at: float = 0.0
 
 
 class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionResult]):
@@ -155,7 +162,7 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         publish_run_tag(context, allocation.job_id)
         return SessionStep(context, request, PipesDeferredFileContextInjector(paths.context), reader,
                            step_key, allocation, paths, payload, activation, agent,
-                           record_path, record, attached)
+                           record_path, record, attached, allocation.scheduler.now())
 
     def _start(self, job: SessionStep, pipes: Any) -> StepHandle:
         allocation, paths = job.allocation, job.paths
@@ -215,7 +222,8 @@ class SessionRunner(PipesJobRunner[SessionStep, StepHandle, SlurmStepExecutionRe
         # A failed step's figures are not reported: no second read of accounting for it.
         reported = result.drained or result.exit_code == 0
         metrics = step_metrics(allocation, paths, result.exit_code, warn=job.context.log.warning,
-                                deadline=ACCOUNTING_DEADLINE if reported else 0.0)
+                                deadline=ACCOUNTING_DEADLINE if reported else 0.0,
+                                started=job.prepared_at, run_id=step_identity(job.context)[0])
         invocation = PipesClientCompletedInvocation(
             pipes, metadata=invocation_metadata(metrics, job.request.published_metrics))
         succeeded = not result.drained and result.exit_code == 0
@@ -313,13 +321,18 @@ def step_metrics(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     warn: Callable[[str], None] | None = None,
+    started: float | None = None,
+    run_id: str | None = None,
 ) -> JobMetrics:
     """The step's figures from accounting: each read is one round trip (the recorded step
     id and the allocation's sacct lines), repeated while the step's line shows no final
-    state (sacct failing or behind), for at most ``deadline`` seconds. Best effort: without
-    a final line the state comes from the step's exit-status file and the figures stay
-    null, said through ``warn`` (default: this module's logger) unless ``deadline`` is 0
-    (one read, for figures that will not be reported); no error is raised."""
+    state (sacct behind, or failing after it answered since ``started``, the scheduler's
+    clock when the step was prepared), for at most ``deadline`` seconds. Accounting that is
+    disabled or away since before the step is not waited for. Best effort: without a final
+    line the state comes from the step's exit-status file and the figures stay null, said
+    through ``warn`` (default: this module's logger) unless ``deadline`` is 0 (one read,
+    for figures that will not be reported), and once per ``run_id`` when sacct failed; no
+    error is raised."""
     from dagster_slurm.agent import tail_op
     from dagster_slurm.agent.results import TailRequest
 
@@ -337,7 +350,20 @@ def step_metrics(
         step = _step_line(answer, step_id)
         return step_id is None or (step is not None and step.state.terminal)
 
-    got = read_until_final(read, settled, deadline=deadline, clock=clock, sleep=sleep)
+    reported = deadline > 0
+    try:
+        first: tuple[str | None, AccountingAnswer] | None = read()
+    except Exception as exc:  # noqa: BLE001 - reported below, like a failed later read
+        first, error = None, exc
+    else:
+        error = None
+        away = accounting_away(first[1])
+        if started is not None and away is not None:
+            deadline = end_read_deadline(scheduler.accounting_outlook.view(), away, started,
+                                         deadline)
+    got = (FinalRead(None, False, 0, 0.0, error) if first is None else
+           read_until_final(read, settled, first=first, deadline=deadline, clock=clock,
+                            sleep=sleep))
     step_id, answer = got.value if got.value is not None else (None, None)
     line = _step_line(answer, step_id)
     metrics = from_step(allocation.job_id, line, step_id, exit_code, allocation.head)
@@ -345,13 +371,17 @@ def step_metrics(
     if got.error is not None and got.value is None:
         warn(f"step metrics of allocation {allocation.job_id} not read "
              f"({type(got.error).__name__}: {got.error}); they stay null")
-    elif step_id is not None and metrics.state_source != SOURCE_SACCT and deadline > 0:
+    elif step_id is not None and metrics.state_source != SOURCE_SACCT and reported:
         used = (f"state {metrics.state} from the step's exit-status file" if metrics.state
                 else "no state (the step's exit status is unknown)")
-        warn(f"Accounting of step {metrics.job_id} showed no final state after {got.attempts} "
-             f"read(s) over {got.waited:.1f} s ({_said(answer, line, got.error)}); the metadata "
-             f"reports {used}, and elapsed time, node-hours, CPU efficiency, MaxRSS and the "
-             "GPU figures as null")
+        said = (f"Accounting of step {metrics.job_id} showed no final state after {got.attempts} "
+                f"read(s) over {got.waited:.1f} s ({_said(answer, line, got.error)}); the "
+                f"metadata reports {used}, and elapsed time, node-hours, CPU efficiency, MaxRSS "
+                "and the GPU figures as null")
+        told = (once_per_run(said, answer, scheduler.accounting_outlook, run_id)
+                if run_id is not None else said)
+        if told is not None:
+            warn(told)
     return metrics
 
 
