@@ -10,8 +10,8 @@ from dagster_slurm.devcluster.cluster import DevCluster
 from dagster_slurm.devcluster.info import DevClusterInfo
 from dagster_slurm.devcluster.layout import (
     DEFAULT_STATE_DIR,
-    LOGIN_SITES,
     LOGIN_NODES_ENV,
+    LOGIN_SITES,
     LOGIN_SITES_ENV,
     MAX_LOGIN_NODES,
     SSH_LISTEN_ENV,
