@@ -217,14 +217,18 @@ def test_a_lock_holder_killed_on_login1_is_taken_over_from_login2_after_its_leas
         login2.close()
 
 
-def _step(session: RunSession, log: Path, name: str) -> tuple[float, str]:
-    """Run ``true`` as step ``name`` once the server is idle again; (seconds, how found)."""
+def _step(session: RunSession, log: Path, name: str, wake: bool = True) -> tuple[float, str]:
+    """Run ``true`` as step ``name`` once the server is idle again (``wake``: with the
+    wake-up the library writes); (seconds until it ended, how the server found it)."""
     wait_until(lambda: log.read_text().rfind(IDLE) > log.read_text().rfind("started step"), 30,
                f"the server to be idle before {name}, in {log}")
+    allocation = session.ensure()
     began = time.monotonic()
-    result = session.execute_in_session("true", name=name)
+    handle = allocation.launch(allocation.invocation(name), "#!/bin/bash\ntrue\n", name=name,
+                               wake=wake)
+    result = allocation.wait(handle)
     took = time.monotonic() - began
-    assert result.exit_code == 0 and not result.drained, result
+    assert result.exit_code == 0, result
     found = re.search(rf"started step {name} \(request \w+, found ([a-z -]+)\)", log.read_text())
     assert found, log.read_text()
     return took, found.group(1)
@@ -244,8 +248,12 @@ def test_a_step_from_login2_starts_in_the_allocation_woken_from_login1(cluster):
         assert from_login1[1] == "on a wake-up"
         assert second.ensure().job_id == allocation.job_id
         from_login2 = _step(second, log, "from_login2")
+        # as at a site, where the wake FIFO carries nothing to another host: the listing
+        listed = _step(second, log, "listed_from_login2", wake=False)
+        assert listed[1] == "by the listing"
         print(f"idle server, step 'true' from login1: {from_login1[0]:.2f} s ({from_login1[1]}),"
-              f" from login2: {from_login2[0]:.2f} s ({from_login2[1]})")
+              f" from login2: {from_login2[0]:.2f} s ({from_login2[1]}), from login2 without"
+              f" wake-up: {listed[0]:.2f} s ({listed[1]})")
     finally:
         second.close(cancel=False)
         first.close(cancel=True)
