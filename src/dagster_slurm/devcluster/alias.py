@@ -91,8 +91,8 @@ async def serve(listen: tuple[str, int], targets: list[tuple[str, int]], log) ->
         loop.add_signal_handler(sig, stop.set)
     log(f"listening on {listen[0]}:{listen[1]}, round robin over "
         + ", ".join(f"{h}:{p}" for h, p in targets))
-    async with server:
-        await stop.wait()
+    await stop.wait()
+    server.close()  # open connections end with the process (asyncio.run cancels them)
     log("stopped")
 
 

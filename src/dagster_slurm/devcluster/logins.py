@@ -135,7 +135,7 @@ def alias_spec(settings: Settings) -> DaemonSpec:
         ),
         pid_file=paths.pid_file(ALIAS_DAEMON),
         logs=(paths.log_file(ALIAS_DAEMON), paths.output_file(ALIAS_DAEMON)),
-        config_files=(),
+        config_files=(Path(alias.__file__),),  # a new version of the program restarts it
         ready=lambda: ssh_banner(host, port).startswith("SSH-"),
         ready_timeout=10.0,
         ports=((host, port),),
