@@ -156,7 +156,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "dev-cluster",
         help="start/stop a Slurm cluster of real daemons on this machine (root)",
         description="A development Slurm cluster on this machine: munged, MariaDB, slurmdbd, "
-        "slurmctld, four slurmd nodes (partitions cpu and gpu), an sshd login node and, on "
+        "slurmctld, four slurmd nodes (partitions cpu and gpu), an sshd login node (or several "
+        "behind one name) and, on "
         "request, login sites with a one-time code, with certificates and behind a bastion.",
     )
     common = argparse.ArgumentParser(add_help=False)
