@@ -94,3 +94,19 @@ def test_other_relative_or_variable_paths_are_refused_saying_what_to_write(
         _slurm(written, "login.invalid")
     assert f"remote_base={written!r}" in str(caught.value)
     assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize("base", ["/tmp/x", "/tmp", "/var/tmp/runs", "/dev/shm/a/../b",
+                                  "/run/user/1000/ds"])
+def test_a_base_path_below_a_node_local_directory_is_named(base: str) -> None:
+    from dagster_slurm.resources.slurm import node_local_reason
+
+    reason = node_local_reason(base)
+    assert reason is not None and "each login node has for itself" in reason
+
+
+@pytest.mark.parametrize("base", ["/home/me/dagster-slurm", "/tmpfs/x", "/scratch/tmp/x"])
+def test_a_shared_base_path_passes(base: str) -> None:
+    from dagster_slurm.resources.slurm import node_local_reason
+
+    assert node_local_reason(base) is None

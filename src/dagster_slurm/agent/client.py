@@ -65,7 +65,7 @@ if hashlib.sha256(data).hexdigest() != expected:
     sys.exit("received archive does not match its hash (truncated transfer?)")
 os.umask(0o022)
 os.makedirs(os.path.dirname(target), exist_ok=True)
-tmp = "%s.tmp.%d" % (target, os.getpid())
+tmp = "%s.tmp.%d.%s" % (target, os.getpid(), os.urandom(4).hex())  # pids repeat across login nodes
 try:
     zipfile.ZipFile(io.BytesIO(data)).extractall(tmp)
     try:

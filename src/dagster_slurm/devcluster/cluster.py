@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster_slurm.devcluster import certs, database, otp, sites, sshd
+from dagster_slurm.devcluster import certs, database, logins, otp, sites, sshd
 from dagster_slurm.devcluster.config import gpu_device_paths, render_all, write_if_changed
 from dagster_slurm.devcluster.daemons import (
     DAEMON_COMMS,
@@ -68,7 +68,8 @@ class DevCluster:
     ``state_dir``, ``ssh_port``, ``user``, ``ssh_listen`` and ``login_sites`` default to
     the environment variables of :mod:`dagster_slurm.devcluster.layout`, then to what the
     last ``up`` recorded, then to ``/tmp/dslurm``, 2222, ``dslurm``, 127.0.0.1 and no
-    extra login sites (:mod:`dagster_slurm.devcluster.sites`). ``progress`` receives one
+    extra login sites (:mod:`dagster_slurm.devcluster.sites`); ``login_nodes`` likewise
+    (default 1; see :mod:`dagster_slurm.devcluster.logins`). ``progress`` receives one
     line per step.
     """
 
@@ -80,9 +81,10 @@ class DevCluster:
         ssh_listen: str | None = None,
         progress: Progress | None = None,
         login_sites: Iterable[str] | None = None,
+        login_nodes: int | None = None,
     ) -> None:
         self.settings: Settings = resolve_settings(
-            state_dir, ssh_port, user, ssh_listen, login_sites
+            state_dir, ssh_port, user, ssh_listen, login_sites, login_nodes=login_nodes
         )
         self.paths = self.settings.paths
         self.probes = ClusterProbes(self.settings)
@@ -102,10 +104,12 @@ class DevCluster:
         runs), plus an sinfo summary when slurmctld runs."""
         records = self.store.load()
         chosen = {sites.SITES[name].daemon for name in self.settings.login_sites}
+        chosen.update(logins.chosen_daemons(self.settings))
+        optional = {*sites.SITE_COMMS, "sshd", *logins.all_node_daemons()}
         daemons = []
         for name in _all_daemon_names():
             live = self._live_record(name, records)
-            if name in sites.SITE_COMMS and name not in chosen and live is None:
+            if name in optional and name not in chosen and live is None:
                 continue
             recorded = records.get(name)
             pid = live.pid if live else (recorded.pid if recorded else None)
@@ -134,7 +138,10 @@ class DevCluster:
         with self.store.locked():
             with self._step("configuration"):
                 self._note(self._prepare())
+            self._stop_daemons(self._unchosen_logins(), self.store.load())
             specs = build_specs(self.settings, self.probes)
+            if self.settings.login_nodes > 1:
+                specs = [s for s in specs if s.name != "sshd"] + logins.specs(self.settings)
             for spec in [*specs, *sites.site_specs(self.settings, self._plan)]:
                 with self._step(spec.name):
                     self._note(self._ensure(spec))
@@ -145,7 +152,10 @@ class DevCluster:
     def _prepare(self) -> str:
         """Directories, keys, database password, config files, fake GPUs, submitter user."""
         paths = self.paths
-        node_names = sorted({LOGIN_NODE, *sites.site_nodes(), *(n.name for n in NODES)})
+        node_names = sorted({
+            LOGIN_NODE, *sites.site_nodes(), *(n.name for n in NODES),
+            *(node.name for node in logins.login_nodes(self.settings)),
+        })
         for directory, mode in (
             (paths.root, 0o755),
             (paths.etc, 0o755),
@@ -170,11 +180,14 @@ class DevCluster:
         password = database.ensure_password(paths)
         changed = [
             f.path.name
-            for f in render_all(self.settings, password)
+            for f in [
+                *render_all(self.settings, password, logins.host_lines(self.settings)),
+                *logins.render_files(self.settings),
+            ]
             if write_if_changed(f.path, f.text, f.mode)
         ]
         _ensure_gpu_devices(gpu_device_paths(self.settings))
-        sshd.ensure_keys(self.settings)
+        sshd.ensure_keys(self.settings, logins.known_host_targets(self.settings))
         entry = sshd.ensure_user(self.settings.user, self.settings.home, self._progress)
         sshd.ensure_user_files(self.settings, entry)
         sshd.ensure_user(OTHER_USER, Path("/home") / OTHER_USER, self._progress)
@@ -247,7 +260,7 @@ class DevCluster:
         if rec is not None and is_alive(rec):
             return rec
         pid_file = self.paths.pid_file(name)
-        for comm in sites.SITE_COMMS.get(name, (DAEMON_COMMS.get(name, ""),)):
+        for comm in sites.SITE_COMMS.get(name, (_COMMS.get(name, ""),)):
             found = record_from_pid_file(name, pid_file, comm, digest="adopted")
             if found is not None:
                 return found
@@ -291,6 +304,10 @@ class DevCluster:
                     f"cancelled {len(cancelled)}" + ("" if drained else ", some still listed")
                 )
         return self._stop_daemons(list(reversed(_all_daemon_names())), recorded)
+
+    def _unchosen_logins(self) -> list[str]:
+        chosen = logins.chosen_daemons(self.settings)
+        return [name for name in ["sshd", *logins.all_node_daemons()] if name not in chosen]
 
     def _unchosen_sites(self) -> list[str]:
         return [
@@ -356,8 +373,19 @@ class DevCluster:
 
 
 def _all_daemon_names() -> list[str]:
-    """Every daemon ``up`` may start, login sites included, in start order."""
-    return [*daemon_names(), *(sites.SITES[name].daemon for name in LOGIN_SITES)]
+    """Every daemon ``up`` may start, login nodes and sites included, in start order."""
+    return [
+        *daemon_names(), *logins.all_node_daemons(),
+        *(sites.SITES[name].daemon for name in LOGIN_SITES),
+    ]
+
+
+#: Kernel command name of every daemon (``sshd`` for each login node's, ``login-alias``).
+_COMMS: dict[str, str] = {
+    **DAEMON_COMMS,
+    **{name: "sshd" for name in logins.all_node_daemons()},
+    logins.ALIAS_DAEMON: logins.ALIAS_DAEMON,
+}
 
 
 def require_root() -> None:

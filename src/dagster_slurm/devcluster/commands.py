@@ -10,8 +10,10 @@ from dagster_slurm.devcluster.cluster import DevCluster
 from dagster_slurm.devcluster.info import DevClusterInfo
 from dagster_slurm.devcluster.layout import (
     DEFAULT_STATE_DIR,
+    LOGIN_NODES_ENV,
     LOGIN_SITES,
     LOGIN_SITES_ENV,
+    MAX_LOGIN_NODES,
     SSH_LISTEN_ENV,
     SSH_PORT_ENV,
     STATE_DIR_ENV,
@@ -33,6 +35,7 @@ def _cluster(args: argparse.Namespace, progress: bool = True) -> DevCluster:
         ssh_listen=args.ssh_listen,
         progress=_progress if progress else None,
         login_sites=getattr(args, "login_sites", None),
+        login_nodes=getattr(args, "login_nodes", None),
     )
 
 
@@ -54,6 +57,8 @@ def _login_lines(info: DevClusterInfo) -> list[str]:
     """One ``ssh`` command line per way in: the login node, then each login site."""
     target = f"{info.user}@{info.host}"
     lines = [f"login: ssh -i {info.key_path} -p {info.port} {target}"]
+    for node in info.login_nodes:
+        lines.append(f"{node.name}: ssh -i {info.key_path} -p {node.port} {info.user}@{node.host}")
     for site in info.login_sites:
         if site.name == "otp":
             lines.append(f"otp login: ssh -i {info.key_path} -p {site.port} {target}"
@@ -151,7 +156,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "dev-cluster",
         help="start/stop a Slurm cluster of real daemons on this machine (root)",
         description="A development Slurm cluster on this machine: munged, MariaDB, slurmdbd, "
-        "slurmctld, four slurmd nodes (partitions cpu and gpu), an sshd login node and, on "
+        "slurmctld, four slurmd nodes (partitions cpu and gpu), an sshd login node (or several "
+        "behind one name) and, on "
         "request, login sites with a one-time code, with certificates and behind a bastion.",
     )
     common = argparse.ArgumentParser(add_help=False)
@@ -182,6 +188,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "all, or none: otp asks for a key and a one-time code (port ssh-port+1), cert takes "
         "only certificates of the cluster's CA (+2), bastion is a jump host to the login "
         f"node (+3). Env {LOGIN_SITES_ENV}; default: what the last up ran, else none",
+    )
+    up.add_argument(
+        "--login-nodes",
+        type=int,
+        choices=range(1, MAX_LOGIN_NODES + 1),
+        default=None,
+        metavar="N",
+        help="login nodes behind the SSH port: 1 is the login node 'login'; 2 or more run "
+        "login1, login2, ... (own hostname, /tmp and process table, shared /home) and the "
+        "SSH port sends each connection to the next one in turn, like a site's alias. "
+        f"Env {LOGIN_NODES_ENV}; default: what the last up ran, else 1",
     )
     up.set_defaults(handler=_up)
     down = actions.add_parser(

@@ -9,6 +9,7 @@ unchanged configuration leaves running daemons alone.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -128,24 +129,33 @@ def render_slurmdbd_conf(settings: Settings, db_password: str) -> str:
     )
 
 
-def render_node_hosts() -> str:
-    """Text of the hosts file mounted over /etc/hosts inside every node's namespace."""
+def render_node_hosts(extra_lines: Sequence[str] = ()) -> str:
+    """Text of the hosts file mounted over /etc/hosts inside every node's namespace
+    (``extra_lines``: those of further login nodes)."""
     lines = "\n".join(
         [f"{n.address} {n.name}" for n in NODES] + [f"{LOGIN_ADDRESS} {LOGIN_NODE}"]
+        + list(extra_lines)
     )
     return render_template("hosts", {"node_lines": lines})
 
 
-def render_sshd_config(settings: Settings) -> str:
-    """Text of the login node's sshd_config (loopback only, key login of the submitter)."""
+def render_sshd_config(
+    settings: Settings,
+    *,
+    listen: str | None = None,
+    port: int | None = None,
+    pid_file: str | Path | None = None,
+) -> str:
+    """Text of the login node's sshd_config (loopback only, key login of the submitter);
+    ``listen``, ``port`` and ``pid_file`` replace the login node's for another one."""
     paths = settings.paths
     return render_template(
         "sshd_config",
         {
-            "port": settings.ssh_port,
-            "listen": settings.ssh_listen,
+            "port": port if port is not None else settings.ssh_port,
+            "listen": listen if listen is not None else settings.ssh_listen,
             "host_key": paths.host_key,
-            "pid_file": paths.pid_file("sshd"),
+            "pid_file": pid_file if pid_file is not None else paths.pid_file("sshd"),
             "user": settings.user,
             "slurm_conf": paths.slurm_conf,
         },
@@ -157,14 +167,17 @@ def render_grants(db_password: str) -> str:
     return render_template("grants.sql", {"db_password": db_password})
 
 
-def render_all(settings: Settings, db_password: str) -> list[RenderedFile]:
-    """Every configuration file of the cluster with its target path and mode."""
+def render_all(
+    settings: Settings, db_password: str, login_host_lines: Sequence[str] = ()
+) -> list[RenderedFile]:
+    """Every configuration file of the cluster with its target path and mode
+    (``login_host_lines``: hosts lines of further login nodes)."""
     paths = settings.paths
     return [
         RenderedFile(paths.slurm_conf, render_slurm_conf(settings)),
         RenderedFile(paths.gres_conf, render_gres_conf(settings)),
         RenderedFile(paths.slurmdbd_conf, render_slurmdbd_conf(settings, db_password), 0o600),
-        RenderedFile(paths.node_hosts, render_node_hosts()),
+        RenderedFile(paths.node_hosts, render_node_hosts(login_host_lines)),
         RenderedFile(paths.sshd_config, render_sshd_config(settings)),
     ]
 

@@ -14,6 +14,7 @@ from dagster_slurm.devcluster.layout import (
     Settings,
     site_daemon,
 )
+from dagster_slurm.devcluster.logins import login_nodes
 
 #: Prefix of the variables ``env`` exports for each login site (``..._OTP_PORT`` ...).
 SITE_ENV_PREFIX = "DAGSTER_SLURM_DEV_"
@@ -31,6 +32,16 @@ class LoginSiteInfo:
 
 
 @dataclass(frozen=True)
+class LoginNodeInfo:
+    """One of several login nodes behind the SSH port: its ``name`` (also its hostname)
+    and the address of its own sshd (``host``/``port``), for aiming at that node."""
+
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
 class DevClusterInfo:
     """Connection details of the development cluster.
 
@@ -42,7 +53,8 @@ class DevClusterInfo:
     partition with (fake) GPUs, ``partitions`` all partitions, ``state_dir`` the
     directory holding all of the cluster's files, ``login_sites`` the extra login sites
     chosen, ``cert_key_path`` the key that ``issue-cert`` certifies by default (None
-    without the ``cert`` site).
+    without the ``cert`` site), ``login_nodes`` the login nodes behind ``host``/``port``
+    when there are several (empty with the one login node ``login``).
     """
 
     host: str
@@ -58,6 +70,7 @@ class DevClusterInfo:
     state_dir: Path
     login_sites: tuple[LoginSiteInfo, ...] = ()
     cert_key_path: Path | None = None
+    login_nodes: tuple[LoginNodeInfo, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DevClusterInfo:
@@ -80,6 +93,10 @@ class DevClusterInfo:
                 for name in settings.login_sites
             ),
             cert_key_path=paths.cert_client_key if "cert" in settings.login_sites else None,
+            login_nodes=tuple(
+                LoginNodeInfo(node.name, node.address, node.port)
+                for node in login_nodes(settings)
+            ),
         )
 
     def site(self, name: str) -> LoginSiteInfo:
@@ -88,6 +105,19 @@ class DevClusterInfo:
             if site.name == name:
                 return site
         raise KeyError(f"login site {name!r} is not up (dev-cluster up --login-sites {name})")
+
+    def login_node(self, name: str) -> LoginNodeInfo:
+        """Login node ``name`` (``login1`` ...); :class:`KeyError` when it does not run."""
+        for node in self.login_nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"login node {name!r} is not up (dev-cluster up --login-nodes 2)")
+
+    def env_at(self, name: str) -> dict[str, str]:
+        """:meth:`env` aimed at login node ``name`` itself instead of the alias."""
+        node = self.login_node(name)
+        return {**self.env(), "SLURM_EDGE_NODE_HOST": node.host,
+                "SLURM_EDGE_NODE_PORT": str(node.port)}
 
     def node_tmp(self, node: str) -> Path:
         """Where the host finds what node ``node`` (e.g. ``c1``, or ``login``) sees as /tmp."""
@@ -110,7 +140,8 @@ class DevClusterInfo:
 
     def site_env(self) -> dict[str, str]:
         """``DAGSTER_SLURM_DEV_<SITE>_PORT`` and ``_LOG`` of each login site, and
-        ``DAGSTER_SLURM_DEV_CERT_KEY_PATH`` with the ``cert`` site."""
+        ``DAGSTER_SLURM_DEV_CERT_KEY_PATH`` with the ``cert`` site, and
+        ``DAGSTER_SLURM_DEV_LOGIN<N>_HOST`` and ``_PORT`` of each of several login nodes."""
         env: dict[str, str] = {}
         for site in self.login_sites:
             stem = f"{SITE_ENV_PREFIX}{site.name.upper()}"
@@ -118,6 +149,10 @@ class DevClusterInfo:
             env[f"{stem}_LOG"] = str(site.log_path)
         if self.cert_key_path is not None:
             env[f"{SITE_ENV_PREFIX}CERT_KEY_PATH"] = str(self.cert_key_path)
+        for node in self.login_nodes:
+            stem = f"{SITE_ENV_PREFIX}{node.name.upper()}"
+            env[f"{stem}_HOST"] = node.host
+            env[f"{stem}_PORT"] = str(node.port)
         return env
 
     def export_lines(self) -> list[str]:

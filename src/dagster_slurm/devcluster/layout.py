@@ -31,6 +31,11 @@ LOGIN_SITES_ENV = "DAGSTER_SLURM_DEV_LOGIN_SITES"
 #: default) by the same amount, so that a second cluster (with its own state directory) runs
 #: beside the first without sharing a port.
 PORT_OFFSET_ENV = "DAGSTER_SLURM_DEV_PORT_OFFSET"
+#: Environment variable that chooses how many login nodes stand behind the SSH port (1: the
+#: login node ``login``; 2 or more: ``login1``, ``login2``, ... behind a round-robin alias).
+LOGIN_NODES_ENV = "DAGSTER_SLURM_DEV_LOGIN_NODES"
+#: Most login nodes ``up`` runs (their addresses are 127.0.1.101 and up).
+MAX_LOGIN_NODES = 4
 
 DEFAULT_STATE_DIR = Path("/tmp/dslurm")
 DEFAULT_SSH_PORT = 2222
@@ -141,7 +146,8 @@ class Settings:
     daemon's port (:data:`PORTS`; 0 for the first cluster of a machine); ``user`` is the non-root account
     jobs are submitted as over SSH; ``ssh_listen`` the address sshd binds (loopback
     unless the cluster runs in a container that publishes the port); ``login_sites`` the
-    extra login sites to run (names of :data:`LOGIN_SITES`).
+    extra login sites to run (names of :data:`LOGIN_SITES`); ``login_nodes`` how many login
+    nodes answer on the SSH port (see :mod:`dagster_slurm.devcluster.logins`).
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -150,6 +156,7 @@ class Settings:
     ssh_listen: str = LOOPBACK
     login_sites: tuple[str, ...] = ()
     port_offset: int = 0
+    login_nodes: int = 1
 
     def port(self, daemon: str) -> int:
         """TCP port of ``daemon`` (a key of :data:`PORTS`) in this cluster."""
@@ -193,6 +200,7 @@ def resolve_settings(
     ssh_listen: str | None = None,
     login_sites: Iterable[str] | None = None,
     port_offset: int | None = None,
+    login_nodes: int | None = None,
 ) -> Settings:
     """Combine explicit values, environment variables and the values ``up`` recorded.
 
@@ -226,6 +234,7 @@ def resolve_settings(
     except ValueError as exc:
         raise DevClusterError(f"{source}: {exc}") from None
     return Settings(
+        login_nodes=_login_node_count(login_nodes, recorded),
         state_dir=root.absolute(),
         ssh_port=int(str(port or DEFAULT_SSH_PORT + offset)),
         user=str(name or DEFAULT_USER),
@@ -243,10 +252,25 @@ def record_settings(settings: Settings) -> None:
         "ssh_listen": settings.ssh_listen,
         "login_sites": list(settings.login_sites),
         "port_offset": settings.port_offset,
+        "login_nodes": settings.login_nodes,
     }
     path = settings.paths.settings_file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _login_node_count(explicit: int | None, recorded: dict[str, object]) -> int:
+    """Explicit count, else :data:`LOGIN_NODES_ENV`, else the recorded one, else 1."""
+    text = explicit if explicit is not None else (
+        os.environ.get(LOGIN_NODES_ENV) or recorded.get("login_nodes") or 1)
+    try:
+        count = int(str(text))
+    except ValueError:
+        raise DevClusterError(f"{LOGIN_NODES_ENV}={text!r} is not a whole number") from None
+    if not 1 <= count <= MAX_LOGIN_NODES:
+        raise DevClusterError(
+            f"{LOGIN_NODES_ENV}={count}: the cluster runs 1 to {MAX_LOGIN_NODES} login nodes")
+    return count
 
 
 def _read_recorded(path: Path) -> dict[str, object]:

@@ -47,9 +47,10 @@ def ensure_keypair(path: Path, comment: str) -> bool:
     return True
 
 
-def ensure_keys(settings: Settings) -> None:
+def ensure_keys(settings: Settings, direct: list[tuple[str, int]] | None = None) -> None:
     """Host key, client key and a known_hosts file with a ``[127.0.0.1]:PORT`` entry for
-    the login node and each chosen login site (all of them share the host key)."""
+    the login node and each chosen login site, and an ``[address]:PORT`` entry for each of
+    ``direct`` (login nodes reached without the alias); all of them share the host key."""
     paths = settings.paths
     paths.ssh.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.ssh, 0o700)
@@ -57,7 +58,8 @@ def ensure_keys(settings: Settings) -> None:
     ensure_keypair(paths.client_key, "dagster-slurm-dev-client")
     key_type, key_data = paths.host_key.with_suffix(".pub").read_text().split()[:2]
     ports = [settings.ssh_port, *(settings.site_port(site) for site in settings.login_sites)]
-    entries = "".join(f"[{settings.ssh_host}]:{port} {key_type} {key_data}\n" for port in ports)
+    targets = [(settings.ssh_host, port) for port in ports] + list(direct or ())
+    entries = "".join(f"[{host}]:{port} {key_type} {key_data}\n" for host, port in targets)
     write_if_changed(paths.known_hosts, entries, 0o644)
 
 

@@ -10,6 +10,7 @@ the login user's home on the cluster when the connection is first made
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import threading
@@ -33,6 +34,7 @@ HOME_PREFIXES: tuple[str, ...] = ("$HOME", "${HOME}", "~")
 _CACHE: dict[tuple, tuple[str, SlurmScheduler]] = {}
 _USERS: dict[tuple, int] = {}
 _CACHE_LOCK = threading.Lock()
+_log = logging.getLogger("dagster_slurm")
 
 
 class SlurmResource(ConfigurableResource, KnownFieldsOnly):
@@ -190,6 +192,9 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         if rest is not None:
             home = _remote_home(transport)
             base = posixpath.join(home, rest).rstrip("/") if rest else home
+        local = node_local_reason(base)
+        if local is not None:
+            _log.warning("deployment base path %s: %s", base, local)
         scheduler = SlurmScheduler(
             AgentClient(transport, base, self.python, persistent=True),
             submit_interval=self.submit_interval,
@@ -198,6 +203,26 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         )
         with _CACHE_LOCK:
             return _CACHE.setdefault(key, (base, scheduler))
+
+
+#: Directories that each login node has for itself: behind a name with several login nodes,
+#: a base path below one of them is seen by one node only.
+NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+
+
+def node_local_reason(base: str) -> str | None:
+    """Why ``base`` (an absolute deployment base path) is not shared by the cluster's login
+    nodes, or None: below a node-local directory (:data:`NODE_LOCAL_DIRS`), the session
+    documents, locks, heartbeats, shared squeue answer, agent and environments it holds are
+    seen only by processes logged in to the same login node."""
+    normal = posixpath.normpath(base)
+    for directory in NODE_LOCAL_DIRS:
+        if normal == directory or normal.startswith(directory + "/"):
+            return (f"it lies below {directory}, which each login node has for itself; "
+                    "where several login nodes stand behind one name, processes on different "
+                    "nodes then do not share their sessions, locks and status answers: put it "
+                    "on the shared filesystem (the default is $HOME/dagster-slurm)")
+    return None
 
 
 def home_relative(path: str) -> str | None:

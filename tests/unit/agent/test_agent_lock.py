@@ -112,13 +112,75 @@ def test_reused_pid_is_detected_by_start_time(paths: Paths) -> None:
     assert lockmod.release(handle) == []
 
 
-def test_owner_on_another_host_is_never_broken(paths: Paths) -> None:
+def test_owner_on_another_host_without_a_lease_is_never_broken(paths: Paths) -> None:
     dead = _dead_pid()  # would be stale if the owner were on this host
     write_owner(paths[1], host="login-elsewhere", pid=dead, acquired_at=0.0)
     with pytest.raises(OpError) as info:
         lockmod.acquire(str(paths[1]), timeout=0.2)
     assert f"pid {dead} on host login-elsewhere" in info.value.message
     assert "another host" in info.value.message
+
+
+def test_owner_on_another_login_node_is_judged_by_its_lease_never_by_its_pid(
+    paths: Paths,
+) -> None:
+    me = lockmod.process_stat(os.getpid())
+    assert me is not None
+    # the pid and start time of a live process here: on another node they mean nothing
+    write_owner(paths[1], host="login1", pid=os.getpid(), start_time=me[1],
+                acquired_at=100.0, lease=3.0, expires_at=103.0)
+    with pytest.raises(OpError) as info:
+        lockmod.acquire(str(paths[1]), timeout=0.2, clock=lambda: 102.5)
+    assert "broken once its lease expires (in 0.5 s)" in info.value.message
+    warnings: list[str] = []
+    handle = lockmod.acquire(str(paths[1]), timeout=0.2, warnings=warnings,
+                             clock=lambda: 103.0)
+    assert len(warnings) == 1 and "lease expired 0.0 s ago" in warnings[0]
+    assert "host login1" in warnings[0]
+    assert lockmod.release(handle) == []
+
+
+def test_dead_owner_on_another_login_node_waits_for_its_lease(paths: Paths) -> None:
+    write_owner(paths[1], host="login1", pid=_dead_pid(), acquired_at=100.0, lease=20.0,
+                expires_at=120.0)
+    with pytest.raises(OpError):
+        lockmod.acquire(str(paths[1]), timeout=0.2, clock=lambda: 119.9)
+
+
+def test_same_host_in_another_pid_namespace_is_judged_by_the_lease() -> None:
+    me = {"host": "login", "boot_id": "b", "pid_ns": "pid:[1]"}
+    owner = {"host": "login", "boot_id": "b", "pid_ns": "pid:[2]", "pid": 7,
+             "expires_at": 50.0}
+    assert lockmod.stale_reason(owner, 1.0, me, 5.0, now=49.0) is None
+    reason = lockmod.stale_reason(owner, 1.0, me, 5.0, now=51.0)
+    assert reason is not None and "lease expired 1.0 s ago" in reason
+
+
+def test_a_live_holder_of_this_host_outlives_its_lease(paths: Paths) -> None:
+    me = lockmod.process_stat(os.getpid())
+    assert me is not None
+    write_owner(paths[1], pid=os.getpid(), start_time=me[1], acquired_at=0.0, lease=1.0,
+                expires_at=1.0)
+    with pytest.raises(OpError):
+        lockmod.acquire(str(paths[1]), timeout=0.2)
+
+
+def test_malformed_expiry_never_counts_as_expired() -> None:
+    me = {"host": "login2", "boot_id": None, "pid_ns": None}
+    for expires_at in (None, True, "0", [1]):
+        owner = {"host": "login1", "pid": 7, "expires_at": expires_at}
+        assert lockmod.stale_reason(owner, 1.0, me, 5.0, now=1e12) is None
+
+
+def test_the_owner_record_carries_the_lease_and_renew_extends_it(paths: Paths) -> None:
+    handle = lockmod.acquire(str(paths[1]), timeout=1, clock=lambda: 1000.0, lease=4.0)
+    written = json.loads((paths[1] / lockmod.OWNER_FILE).read_text())
+    assert (written["lease"], written["expires_at"]) == (4.0, 1004.0)
+    assert lockmod.renew(handle, 1010.0)
+    written = json.loads((paths[1] / lockmod.OWNER_FILE).read_text())
+    assert written["expires_at"] == 1014.0 and written["token"] == handle.owner["token"]
+    assert lockmod.release(handle) == []
+    assert not lockmod.renew(handle, 1020.0)
 
 
 def test_ownerless_lock_is_stale_only_after_the_grace_period(paths: Paths) -> None:

@@ -4,19 +4,25 @@ Stdlib only, Python 3.8+; runs on the login node inside the cluster-side agent.
 
 Taking the lock creates the directory (``mkdir`` is atomic, also on NFS) and then writes
 ``owner.json`` inside it: host name, pid, the process start time (field 22 of
-``/proc/<pid>/stat``), boot id, pid namespace, ``acquired_at``, a ``purpose`` and a random
-``token``. Waiting polls with short, jittered sleeps until the caller's timeout.
+``/proc/<pid>/stat``), boot id, pid namespace, ``acquired_at``, a lease (``lease`` seconds,
+``expires_at``), a ``purpose`` and a random ``token``. Waiting polls with short, jittered
+sleeps until the caller's timeout.
 
 Guarantees:
 
-* Mutual exclusion between live holders: a holder that is alive is never broken, whatever its
-  age. When the wait times out, the error names the lock path and the owner (pid, host, age,
-  purpose).
-* A lock left by a dead process is broken when the owner ran on the *same* host (same host
-  name, boot id and pid namespace) and its pid is gone, a zombie, or now belongs to another
-  process (start time differs). A lock directory without an owner record that is older than
-  ``ownerless_grace`` seconds (the holder died between ``mkdir`` and writing its record) is
-  stale too. Each break is reported as a warning naming the dead owner.
+* Mutual exclusion between live holders of one host: a holder whose process this host can
+  check (same host name, boot id and pid namespace) and that is alive is never broken,
+  whatever its age. When the wait times out, the error names the lock path and the owner
+  (pid, host, age, purpose).
+* A lock left by a dead process of the same host is broken when its pid is gone, a zombie,
+  or now belongs to another process (start time differs).
+* A lock whose owner ran where this process cannot see it (another login node behind the
+  same name, another host, another pid namespace: its pid means nothing here) is judged by
+  its lease alone: it is broken once ``expires_at`` has passed, never by a pid. A holder
+  that needs the lock longer than its lease renews it (:func:`renew`).
+* A lock directory without an owner record that is older than ``ownerless_grace`` seconds
+  (the holder died between ``mkdir`` and writing its record) is stale too. Each break is
+  reported as a warning naming the dead owner.
 * Breaking is exclusive and re-checked: a breaker first takes a ``<lock>.breaking`` guard
   directory, re-reads the lock (same owner token) and then renames the lock directory to a
   unique name before deleting it, so two breakers never both win and a breaker acting on an
@@ -25,9 +31,12 @@ Guarantees:
 
 Non-guarantees:
 
-* A lock whose owner ran on another host (or in another pid namespace) is never broken: its
-  liveness cannot be checked from here. Remove the directory by hand once that process is
-  gone; the timeout message names it.
+* A holder on another host that is still alive past its lease (stalled longer than the lease,
+  which is many times the few milliseconds a transaction holds the lock) loses it. Leases
+  compare wall clocks of two hosts: login nodes are assumed to agree within well under the
+  lease. An owner record without a lease (written by an older agent) on another host is
+  never broken: remove the directory by hand once that process is gone; the timeout message
+  names it.
 * No fairness: waiters are not served in arrival order.
 * A holder that stalls longer than ``ownerless_grace`` between ``mkdir`` and writing its owner
   record may lose the lock; a breaker that stalls longer than ``BREAK_GUARD_STALE`` inside
@@ -52,6 +61,9 @@ from .common import OpError
 OWNER_FILE = "owner.json"
 #: Seconds a lock directory may exist without an owner record before it counts as stale.
 OWNERLESS_GRACE = 5.0
+#: Seconds a holder may keep the lock before a process on another host may break it (a
+#: transaction holds it for milliseconds; the wait for a lock is 30 s by default).
+DEFAULT_LEASE = 20.0
 #: Seconds after which an abandoned ``.breaking`` guard directory is removed.
 BREAK_GUARD_STALE = 30.0
 _MAX_POLL = 0.05
@@ -97,8 +109,8 @@ def process_stat(pid: int) -> tuple | None:
     return fields[0], int(fields[19]) if fields[19].isdigit() else None
 
 
-def owner_record(purpose: str, now: float) -> dict:
-    """The owner record of the calling process."""
+def owner_record(purpose: str, now: float, lease: float = DEFAULT_LEASE) -> dict:
+    """The owner record of the calling process, with a lease of ``lease`` seconds."""
     pid = os.getpid()
     stat = process_stat(pid)
     record = host_identity()
@@ -106,6 +118,8 @@ def owner_record(purpose: str, now: float) -> dict:
         pid=pid,
         start_time=stat[1] if stat else None,
         acquired_at=now,
+        lease=lease,
+        expires_at=now + lease,
         purpose=purpose,
         token=os.urandom(8).hex(),
     )
@@ -125,19 +139,33 @@ def describe_owner(owner: dict | None, now: float) -> str:
     return text
 
 
-def stale_reason(owner: dict | None, age: float, me: dict, grace: float) -> str | None:
-    """Why a lock with this owner record (and directory age) is stale, or None if it is not."""
+def stale_reason(
+    owner: dict | None, age: float, me: dict, grace: float, now: float | None = None
+) -> str | None:
+    """Why a lock with this owner record (and directory age) is stale at ``now`` (this
+    host's wall clock; None: leases are not judged), or None if it is not."""
     if owner is None:
         return f"no owner record for {age:.1f} s" if age > grace else None
-    if owner.get("host") != me["host"]:
+    if owner.get("host") == me["host"]:
+        boot_id = owner.get("boot_id")
+        if boot_id and me["boot_id"] and boot_id != me["boot_id"]:
+            return "the host has rebooted since the lock was taken"
+        pid_ns = owner.get("pid_ns")
+        if not (pid_ns and me["pid_ns"] and pid_ns != me["pid_ns"]):
+            return _dead_process_reason(owner["pid"], owner.get("start_time"))
+    return lease_expired_reason(owner, now)
+
+
+def lease_expired_reason(owner: dict, now: float | None) -> str | None:
+    """Why the lease of an owner whose process cannot be checked from here has run out at
+    ``now``, or None (not expired, no lease recorded, or ``now`` None)."""
+    expires_at = owner.get("expires_at")
+    if now is None or isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)):
         return None
-    boot_id = owner.get("boot_id")
-    if boot_id and me["boot_id"] and boot_id != me["boot_id"]:
-        return "the host has rebooted since the lock was taken"
-    pid_ns = owner.get("pid_ns")
-    if pid_ns and me["pid_ns"] and pid_ns != me["pid_ns"]:
+    if now < expires_at:
         return None
-    return _dead_process_reason(owner["pid"], owner.get("start_time"))
+    return (f"its lease expired {now - expires_at:.1f} s ago (held from host "
+            f"{owner.get('host')}, whose processes cannot be checked from here)")
 
 
 def inspect(path: str, now: float, me: dict, grace: float = OWNERLESS_GRACE) -> LockView | None:
@@ -148,7 +176,7 @@ def inspect(path: str, now: float, me: dict, grace: float = OWNERLESS_GRACE) -> 
         return None
     owner = _read_owner(path)
     age = now - st.st_mtime
-    return LockView(owner, age, (st.st_dev, st.st_ino), stale_reason(owner, age, me, grace))
+    return LockView(owner, age, (st.st_dev, st.st_ino), stale_reason(owner, age, me, grace, now))
 
 
 def acquire(
@@ -160,8 +188,10 @@ def acquire(
     monotonic: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     ownerless_grace: float = OWNERLESS_GRACE,
+    lease: float = DEFAULT_LEASE,
 ) -> LockHandle:
-    """Take the lock at ``path``, waiting up to ``timeout`` seconds.
+    """Take the lock at ``path``, waiting up to ``timeout`` seconds, with a lease of
+    ``lease`` seconds (how long a process on another host waits before it may break it).
 
     Stale locks are broken on the way (see the module docstring); a message per break is
     appended to ``warnings``. Raises ``OpError("LockTimeout")`` naming the lock and its owner,
@@ -172,7 +202,7 @@ def acquire(
     delay = 0.002
     last_try = False
     while True:
-        handle = _try_create(path, purpose, clock())
+        handle = _try_create(path, purpose, clock(), lease)
         if handle is not None:
             return handle
         view = inspect(path, clock(), me, ownerless_grace)
@@ -233,14 +263,38 @@ def _timeout_error(path: str, timeout: float, owner: dict | None, me: dict, now:
         f"it is held by {describe_owner(owner, now)}"
     )
     if owner and owner.get("host") != me["host"]:
-        message += (
-            "; a lock held from another host is never broken automatically, remove the "
-            "directory once that process is gone"
-        )
+        if isinstance(owner.get("expires_at"), (int, float)):
+            message += (f"; held from another host, it is broken once its lease expires "
+                        f"(in {owner['expires_at'] - now:.1f} s)")
+        else:
+            message += (
+                "; a lock held from another host without a lease is never broken "
+                "automatically, remove the directory once that process is gone"
+            )
     return OpError("LockTimeout", message, lock=path, owner=owner)
 
 
-def _try_create(path: str, purpose: str, now: float) -> LockHandle | None:
+def renew(handle: LockHandle, now: float, lease: float | None = None) -> bool:
+    """Extend a held lock's lease to ``now + lease`` (default: its lease); False when the
+    lock is no longer the directory this holder created (broken meanwhile)."""
+    try:
+        fd = os.open(handle.path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != handle.dev_ino:
+            return False
+        seconds = lease if lease is not None else handle.owner.get("lease", DEFAULT_LEASE)
+        owner = dict(handle.owner, lease=seconds, expires_at=now + seconds)
+        _write_owner(fd, owner)
+        handle.owner = owner
+        return True
+    finally:
+        os.close(fd)
+
+
+def _try_create(path: str, purpose: str, now: float, lease: float) -> LockHandle | None:
     try:
         os.mkdir(path, 0o755)
     except FileExistsError:
@@ -249,7 +303,7 @@ def _try_create(path: str, purpose: str, now: float) -> LockHandle | None:
         raise OpError(
             "LockError", f"cannot create lock {path}: its parent directory does not exist"
         ) from None
-    owner = owner_record(purpose, now)
+    owner = owner_record(purpose, now, lease)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
@@ -269,7 +323,7 @@ def _try_create(path: str, purpose: str, now: float) -> LockHandle | None:
 
 
 def _write_owner(dir_fd: int, owner: dict) -> None:
-    tmp = f".{OWNER_FILE}.{os.getpid()}.tmp"
+    tmp = f".{OWNER_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     with os.fdopen(fd, "w") as f:
         json.dump(owner, f)

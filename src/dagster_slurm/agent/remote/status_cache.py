@@ -96,7 +96,9 @@ def shared_squeue(
     except OSError:
         pass
     try:
-        with dirlock.locked(path + ".refresh", wait, "squeue refresh", warnings):
+        # the refresh holds the lock while squeue runs: its lease covers squeue's timeout
+        with dirlock.locked(path + ".refresh", wait, "squeue refresh", warnings,
+                            lease=timeout + dirlock.DEFAULT_LEASE):
             cached = _read(path, argv)
             if cached is not None and cached["at"] >= started:
                 return _served(cached, started, ran=False)

@@ -51,7 +51,7 @@ def add(store, wheels, pairs):
         except FileExistsError:
             continue
         except OSError:
-            tmp = f"{target}.tmp.{os.getpid()}"
+            tmp = f"{target}.tmp.{os.getpid()}.{os.urandom(4).hex()}"
             shutil.copyfile(source, tmp)
             os.replace(tmp, target)
         added += 1
