@@ -191,7 +191,8 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
             home = _remote_home(transport)
             base = posixpath.join(home, rest).rstrip("/") if rest else home
         scheduler = SlurmScheduler(
-            AgentClient(transport, base, self.python, persistent=True),
+            AgentClient(transport, base, self.python, persistent=True,
+                        where=self.ssh.to_target().label, learn_slurm_version=True),
             submit_interval=self.submit_interval,
             status_max_age=self.status_max_age,
             status_path=f"{base.rstrip('/')}/status/squeue-{{uid}}.json",

@@ -16,7 +16,9 @@ reconciliation reads as the waiting step's sign of life.
 
 Polls are served from the login user's shared squeue answer (see
 :meth:`~dagster_slurm.scheduler.client.SlurmScheduler.status_op`): however many processes
-of one user watch jobs, the scheduler sees about one squeue per ``status_max_age``.
+of one user watch jobs, the scheduler sees about one squeue per ``status_max_age``. Once
+every tracked job runs, a poll asks for states only (``state_only``): on a Slurm release
+with ``squeue --only-job-state`` that lighter query of the tracked ids answers instead.
 
 The exit-status shortcut: whoever sees a tracked job's exit-status file appear (the Pipes
 reader reads it in the round trip of its tail) calls :meth:`JobWatcher.payload_ended`. The
@@ -42,6 +44,7 @@ from dagster_slurm.backoff import sleep_checking
 from dagster_slurm.errors import AuthenticationFailed, TransportError
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, StatusSnapshot
 from dagster_slurm.scheduler.pacing import PollBackoff
+from dagster_slurm.slurm.states import JobState
 
 log = logging.getLogger("dagster_slurm.scheduler")
 
@@ -89,7 +92,7 @@ class JobWatcher:
         self._tracked: dict[str, _Tracked] = {}
         self._last: StatusSnapshot | None = None
         self._last_at = float("-inf")
-        self._last_states: dict[str, object] = {}
+        self._last_states: dict[str, tuple[JobState | None, str | None]] = {}
         self._unseen: dict[str, int] = {}
         self._min_job_age_checked = False
         self._beats = 0
@@ -146,10 +149,20 @@ class JobWatcher:
             snapshot = self.scheduler.status(
                 names, list(tracked), status_files=files, accounting=self.accounting,
                 heartbeats=beats, shared=True, fresh=fresh,
+                state_only=self._all_running(tracked),
             )
             self._record(snapshot, tracked)
             self._last, self._last_at = snapshot, self._clock()
             return snapshot
+
+    def _all_running(self, tracked: dict[str, _Tracked]) -> bool:
+        """Whether every tracked job was last seen holding its allocation (running, not
+        queued): then a poll needs only their states (``state_only``, see
+        :meth:`~dagster_slurm.scheduler.client.SlurmScheduler.status_op`)."""
+        states = [self._last_states.get(job_id, (None, None))[0] for job_id in tracked]
+        return bool(states) and all(
+            state is not None and state.active and not state.pending for state in states
+        )
 
     def _record(self, snapshot: StatusSnapshot, tracked: dict[str, _Tracked]) -> None:
         states = {j: (o.state, o.reason) for j in tracked for o in [snapshot.job(j)]}
