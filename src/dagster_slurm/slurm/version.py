@@ -38,7 +38,7 @@ __all__ = [
 #: client binary itself (a few milliseconds on the login node).
 VERSION_ARGV: tuple[str, ...] = ("squeue", "--version")
 
-_VERSION = re.compile(r"\b(?:slurm(?:-wlm)?\s+)?([0-9]{2})\.([0-9]{1,2})(?:\.([0-9]{1,3}))?")
+_VERSION = re.compile(r"\s*(?:slurm(?:-wlm)?\s+)?([0-9]{2})\.([0-9]{2})(?:\.([0-9]{1,3}))?(?![0-9.])")
 
 
 @dataclass(frozen=True, order=True)
@@ -90,7 +90,7 @@ def parse_slurm_version(text: object) -> SlurmVersion | None:
     ``slurm 25.05.0-0rc1``) or a bare ``24.11.5``; None when there is none. Never raises."""
     if not isinstance(text, str):
         return None
-    match = _VERSION.search(text)
+    match = _VERSION.match(text)
     if match is None:
         return None
     major, minor, micro = match.groups()

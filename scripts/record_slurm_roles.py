@@ -1,4 +1,5 @@
-"""Record real Slurm output for the parsers' golden files (tests/unit/slurm/golden/<release>/).
+"""Record real Slurm output per job role for the parsers' golden files
+(tests/unit/slurm/golden/<release>/roles/).
 
 Runs against a dev cluster's login node over ssh (the ``SLURM_EDGE_NODE_*`` variables of
 ``dagster-slurm dev-cluster env``): submits a few tiny jobs in partition ``cpu`` (one
@@ -9,7 +10,7 @@ own file; ``manifest.json`` lists the command, the exit status and the stream of
 the jobs by role.
 
     eval "$(dagster-slurm dev-cluster env)"
-    python scripts/record_slurm_golden.py tests/unit/slurm/golden
+    python scripts/record_slurm_roles.py tests/unit/slurm/golden
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def main() -> int:
     if version is None:
         print(f"no version: {out!r} {err!r}", file=sys.stderr)
         return 1
-    target = root / version.series
+    target = root / version.series / "roles"
     target.mkdir(parents=True, exist_ok=True)
     rec = Recorder(target)
     rec.manifest["version"] = str(version)
@@ -171,6 +172,7 @@ def record_outputs(rec: Recorder, ids: dict[str, str], names: list[str],
     rec.record("scontrol_show_job", ["scontrol", "show", "job", ids["running"]])
     rec.record("scontrol_show_job_oneliner", ["scontrol", "-o", "show", "job",
                                                ids["running"]])
+    rec.record("scontrol_show_node_oneliner", ["scontrol", "-o", "show", "node"])
     rec.record("sinfo", ["sinfo"])
     rec.record("sinfo_nodes", ["sinfo", "-h", "-N", "-o", "%N|%P|%T|%c|%m"])
     runnable = SbatchSpec(job_name="golden-test-only", script_path="unused", partition="cpu",
