@@ -18,7 +18,8 @@ Polls are served from the login user's shared squeue answer (see
 :meth:`~dagster_slurm.scheduler.client.SlurmScheduler.status_op`): however many processes
 of one user watch jobs, the scheduler sees about one squeue per ``status_max_age``. Once
 every tracked job runs, a poll asks for states only (``state_only``): on a Slurm release
-with ``squeue --only-job-state`` that lighter query of the tracked ids answers instead.
+with ``squeue --only-job-state`` that lighter query of the tracked ids answers instead (a
+job's other queue fields then stay those of its last full listing).
 
 The exit-status shortcut: whoever sees a tracked job's exit-status file appear (the Pipes
 reader reads it in the round trip of its tail) calls :meth:`JobWatcher.payload_ended`. The
@@ -32,6 +33,7 @@ waiter keeps asking for answers newer than each poll, at the back-off's pace.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -65,6 +67,19 @@ def heartbeat_content(seq: int, clock: Callable[[], float] = time.time) -> str:
     a new ``seq``). The first word is this machine's clock, what the orphan reconciliation
     compares with its own."""
     return f"{clock():.3f} {socket.gethostname()} {os.getpid()} {seq}\n"
+
+
+def with_earlier_fields(snapshot: StatusSnapshot, earlier: StatusSnapshot) -> StatusSnapshot:
+    """``snapshot`` (a state-only answer, whose queue records hold job id and state only)
+    with each job's other queue fields (nodes, partition, times...) taken from its record
+    in ``earlier``, so that who reads a job's nodes after it ended still finds them."""
+    queue = {
+        job_id: dataclasses.replace(earlier.queue[job_id], state=record.state,
+                                    raw_state=record.raw_state)
+        if job_id in earlier.queue and record.name is None else record
+        for job_id, record in snapshot.queue.items()
+    }
+    return dataclasses.replace(snapshot, queue=queue)
 
 
 class JobLost(Exception):
@@ -146,11 +161,13 @@ class JobWatcher:
             self._beats += 1
             beats = {t.heartbeat_file: heartbeat_content(self._beats)
                      for t in tracked.values() if t.heartbeat_file}
+            state_only = self._all_running(tracked)
             snapshot = self.scheduler.status(
                 names, list(tracked), status_files=files, accounting=self.accounting,
-                heartbeats=beats, shared=True, fresh=fresh,
-                state_only=self._all_running(tracked),
+                heartbeats=beats, shared=True, fresh=fresh, state_only=state_only,
             )
+            if state_only and self._last is not None:
+                snapshot = with_earlier_fields(snapshot, self._last)
             self._record(snapshot, tracked)
             self._last, self._last_at = snapshot, self._clock()
             return snapshot

@@ -9,7 +9,7 @@ import pytest
 
 from dagster_slurm.agent.results import JobStatusResult
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot
-from dagster_slurm.scheduler.watcher import JobWatcher
+from dagster_slurm.scheduler.watcher import JobWatcher, with_earlier_fields
 from dagster_slurm.slurm.commands import sacct_base_argv, squeue_argv, squeue_user_argv
 from dagster_slurm.slurm.parsers import parse_squeue
 from dagster_slurm.slurm.states import JobState
@@ -97,3 +97,15 @@ def test_the_watcher_asks_for_states_only_while_every_tracked_job_runs() -> None
     watcher.poll(force=True)                       # the last answer said running
     watcher.poll(force=True)                       # queued again: the full poll
     assert scheduler.asked == [False, False, False, True, False, True, False]
+
+
+def test_a_state_only_answer_keeps_the_other_fields_of_the_last_full_listing() -> None:
+    full = parse_squeue("JOBID|NAME|STATE|NODELIST|PARTITION\n1|a|RUNNING|c[1-2]|cpu\n")[0]
+    state = parse_squeue("JOBID|STATE\n1|COMPLETED\n2|RUNNING\n")
+    earlier = StatusSnapshot(0.0, True, {"1": full}, {}, {}, ())
+    now = StatusSnapshot(1.0, True, {r.job_id: r for r in state}, {}, {}, ())
+    merged = with_earlier_fields(now, earlier)
+    assert merged.queue["1"].state is JobState.COMPLETED
+    assert merged.queue["1"].raw_state == "COMPLETED"
+    assert merged.queue["1"].nodes == ("c1", "c2") and merged.queue["1"].partition == "cpu"
+    assert merged.queue["2"] == now.queue["2"] and merged.observed_at == 1.0
