@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ class AgentClient:
         self._slurm_version: SlurmVersion | None = None
         self._slurm_version_text: str | None = None
         self._hello_answered = not learn_slurm_version
+        self._hello_lock = threading.Lock()
         self._pool: AgentStreamPool | None = None
         if persistent and hasattr(transport, "open_stream"):
             argv = ["sh", "-c", _LAUNCH + " --serve", "sh", self.program_path, self.python]
@@ -184,9 +186,10 @@ class AgentClient:
         return self._slurm_version_text
 
     def _learn_version(self, answer: Mapping[str, Any] | None) -> None:
-        if self._hello_answered:
-            return
-        self._hello_answered = True
+        with self._hello_lock:  # two first requests in parallel: the first answer counts
+            if self._hello_answered:
+                return
+            self._hello_answered = True
         text = answer.get("text") if isinstance(answer, Mapping) else None
         self._slurm_version_text = text if isinstance(text, str) else None
         self._slurm_version = parse_slurm_version(self._slurm_version_text)

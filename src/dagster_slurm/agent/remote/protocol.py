@@ -72,7 +72,8 @@ _slurm_version: dict | None = None
 
 def slurm_version(run: Callable[..., dict] = run_command) -> dict:
     """``{"text": <first line of squeue --version>}``, or ``{"text": None, "error": ...}``
-    when it cannot be run; asked once per agent process (a serving agent keeps it)."""
+    when it cannot be run; a serving agent keeps a good answer (a failed one is asked
+    again by the next hello)."""
     global _slurm_version
     if _slurm_version is None:
         try:
@@ -85,6 +86,8 @@ def slurm_version(run: Callable[..., dict] = run_command) -> dict:
             if out.get("rc") != 0 or not lines:
                 answer["error"] = ((out.get("stderr") or "").strip()[-500:]
                                    or f"exit status {out.get('rc')}")
+        if "error" in answer:
+            return answer
         _slurm_version = answer
     return _slurm_version
 
