@@ -68,3 +68,10 @@ def test_sacct_planned_from_23_02() -> None:
     assert SlurmVersion(23, 2, 0).offers(SlurmFeature.SACCT_PLANNED)
     assert V24_11.offers(SlurmFeature.SACCT_PLANNED)
     assert not offers(None, SlurmFeature.SACCT_PLANNED)
+
+
+def test_the_agent_asks_the_same_command() -> None:
+    from dagster_slurm.agent.remote.protocol import SLURM_VERSION_ARGV
+    from dagster_slurm.slurm.version import VERSION_ARGV
+
+    assert SLURM_VERSION_ARGV == list(VERSION_ARGV)
