@@ -152,7 +152,8 @@ class SlurmAllocation:
 
     def state(self) -> JobState | None:
         """The allocation's scheduler state now (None when the scheduler does not say)."""
-        return self.scheduler.status([self.job_name], [self.job_id]).job(self.job_id).state
+        return self.scheduler.status([self.job_name], [self.job_id],
+                                     state_only=True).job(self.job_id).state
 
     def request_drain(self) -> None:
         """Send the drain signal to the allocation's batch shell (``scancel --batch
