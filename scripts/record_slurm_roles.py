@@ -46,11 +46,7 @@ SCRIPTS = {
     "cancelled": "#!/bin/sh\nsleep 600\n",
     "timeout": "#!/bin/sh\nsleep 600\n",
 }
-EXTRA = {
-    "pending": ("--begin=now+3600",),
-    "held": (),
-    "timeout": (),
-}
+EXTRA = {"pending": ("--begin=now+3600",)}
 
 
 def ssh_argv() -> list[str]:
@@ -104,7 +100,7 @@ def main() -> int:
     names = []
     try:
         ids = submit_all(rec, prefix, names)
-        settle(ids, version)
+        settle(ids)
         record_outputs(rec, ids, names, version)
     finally:
         for name in names:
@@ -136,7 +132,7 @@ def submit_all(rec: Recorder, prefix: str, names: list[str]) -> dict[str, str]:
     return ids
 
 
-def settle(ids: dict[str, str], version: SlurmVersion) -> None:
+def settle(ids: dict[str, str]) -> None:
     """Wait until completed, failed, cancelled and timeout have ended (at most ~150 s)."""
     deadline = time.monotonic() + 150
     ended = {"completed", "failed", "cancelled", "timeout"}
