@@ -30,6 +30,13 @@ Guarantees:
   line out, one line back on an open channel, no interpreter start per request. They end
   with :meth:`AgentClient.close`, the transport's connection or the calling process.
 
+* With ``learn_slurm_version`` (what :class:`~dagster_slurm.SlurmResource` uses) the Slurm
+  release of the login node is learnt once per client (one connection's worth of
+  requests), in the first request's round trip: that request carries ``hello`` and the
+  agent adds the first line of ``squeue --version`` to its answer (no round trip, no
+  scheduler RPC of its own). :attr:`AgentClient.slurm_version` is None until then; it is
+  logged once as ``Slurm 24.11.5 at <host>``.
+
 Non-guarantees: the client does not retry requests after a transport error; whether an
 operation ran is then unknown (submissions carry tokens for that reason).
 """
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +56,7 @@ from dagster_slurm.agent.exceptions import AgentProtocolError
 from dagster_slurm.agent.ops import AgentOp
 from dagster_slurm.agent.stream import NOT_INSTALLED, AgentStreamPool
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.slurm.version import SlurmVersion, parse_slurm_version
 from dagster_slurm.transport.base import CommandResult, Transport
 
 log = logging.getLogger("dagster_slurm.agent")
@@ -87,6 +96,8 @@ class AgentResponse:
     results: list[dict[str, Any]]
     now: float
     command: CommandResult
+    slurm_version: dict[str, Any] | None = None
+    """The answer to the request's ``hello`` (``{"text": ...}``); None without one."""
 
 
 class AgentClient:
@@ -107,6 +118,8 @@ class AgentClient:
         timeout_margin: float = 30.0,
         persistent: bool = False,
         max_streams: int = 2,
+        where: str = "the login node",
+        learn_slurm_version: bool = False,
     ) -> None:
         if not base_path or base_path.startswith("~"):
             raise ConfigurationError(
@@ -118,6 +131,12 @@ class AgentClient:
         self.install_dir = f"{base_path.rstrip('/') or '/'}/{INSTALL_DIR}"
         self.program_path = f"{self.install_dir}/{self.program.name}"
         self.timeout_margin = timeout_margin
+        #: Names the login node in logs (``Slurm 24.11.5 at <where>``).
+        self.where = where
+        self._slurm_version: SlurmVersion | None = None
+        self._slurm_version_text: str | None = None
+        self._hello_answered = not learn_slurm_version
+        self._hello_lock = threading.Lock()
         self._pool: AgentStreamPool | None = None
         if persistent and hasattr(transport, "open_stream"):
             argv = ["sh", "-c", _LAUNCH + " --serve", "sh", self.program_path, self.python]
@@ -133,7 +152,10 @@ class AgentClient:
         Raises :class:`AgentProtocolError` when the request is rejected as a whole or the
         answer cannot be read, and the transport's errors when the round trip fails.
         """
-        payload = json.dumps({"protocol": PROTOCOL_VERSION, "ops": list(requests)}).encode()
+        request: dict[str, Any] = {"protocol": PROTOCOL_VERSION, "ops": list(requests)}
+        if not self._hello_answered:
+            request["hello"] = True
+        payload = json.dumps(request).encode()
         limit = timeout if timeout is not None else 60.0 + self.timeout_margin
         result = self._launch(payload, limit)
         if result.exit_code == NOT_INSTALLED_EXIT:
@@ -145,10 +167,40 @@ class AgentClient:
                     result,
                 )
         response = self._decode(result, len(requests))
+        if "hello" in request:
+            self._learn_version(response.slurm_version)
         for index, raw in enumerate(response.results):
             for warning in raw.get("warnings") or ():
                 log.warning("agent op %d (%s): %s", index, requests[index].get("op"), warning)
         return response
+
+    @property
+    def slurm_version(self) -> SlurmVersion | None:
+        """The login node's Slurm release, once a request has answered; None before, or
+        when ``squeue --version`` gave nothing readable."""
+        return self._slurm_version
+
+    @property
+    def slurm_version_text(self) -> str | None:
+        """What ``squeue --version`` printed (e.g. ``slurm-wlm 22.05.8``), or None."""
+        return self._slurm_version_text
+
+    def _learn_version(self, answer: Mapping[str, Any] | None) -> None:
+        with self._hello_lock:  # two first requests in parallel: the first answer counts
+            if self._hello_answered:
+                return
+            self._hello_answered = True
+        text = answer.get("text") if isinstance(answer, Mapping) else None
+        self._slurm_version_text = text if isinstance(text, str) else None
+        self._slurm_version = parse_slurm_version(self._slurm_version_text)
+        if self._slurm_version is not None:
+            log.info("Slurm %s at %s", self._slurm_version, self.where)
+        elif answer is None:  # an agent that does not answer hello (a test double)
+            log.debug("no Slurm release from the agent at %s", self.where)
+        else:
+            error = answer.get("error")
+            log.warning("the Slurm release at %s is not known (squeue --version: %s); the "
+                        "commands of Slurm 22.05 are used", self.where, error or text)
 
     def run(self, op: AgentOp[R], *, timeout: float | None = None) -> R:
         """Run one operation in one round trip and return its typed result."""
@@ -220,7 +272,9 @@ class AgentClient:
                 f"for {expected} ops)",
                 result,
             )
-        return AgentResponse(results, float(response.get("now") or 0.0), result)
+        version = response.get("slurm_version")
+        return AgentResponse(results, float(response.get("now") or 0.0), result,
+                             version if isinstance(version, dict) else None)
 
 
 class PendingResult(Generic[R]):

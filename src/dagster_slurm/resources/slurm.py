@@ -196,7 +196,8 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
         if local is not None:
             _log.warning("deployment base path %s: %s", base, local)
         scheduler = SlurmScheduler(
-            AgentClient(transport, base, self.python, persistent=True),
+            AgentClient(transport, base, self.python, persistent=True,
+                        where=self.ssh.to_target().label, learn_slurm_version=True),
             submit_interval=self.submit_interval,
             status_max_age=self.status_max_age,
             status_path=f"{base.rstrip('/')}/status/squeue-{{uid}}.json",

@@ -53,10 +53,12 @@ from dagster_slurm.slurm import (
     scancel_argv,
     scontrol_show_config_argv,
     squeue_argv,
+    squeue_state_argv,
     squeue_user_argv,
 )
 from dagster_slurm.slurm.het_records import fold_accounting_records, fold_queue_records
 from dagster_slurm.slurm.test_only import TEST_ONLY_ENV, TEST_ONLY_SCRIPT, unanswered
+from dagster_slurm.slurm.version import SlurmFeature, SlurmVersion, offers
 from dagster_slurm.transport.base import CommandResult
 
 log = logging.getLogger("dagster_slurm.scheduler")
@@ -213,6 +215,13 @@ class SlurmScheduler:
         :attr:`accounting_outlook`."""
         return self._clock()
 
+    @property
+    def version(self) -> SlurmVersion | None:
+        """The cluster's Slurm release as the agent learnt it in this connection's first
+        round trip (see :class:`~dagster_slurm.agent.client.AgentClient`); None before that,
+        or when unknown. Commands are built for it; None builds those of Slurm 22.05."""
+        return self.agent.slurm_version if self.agent is not None else None
+
     # -- submission ------------------------------------------------------------------------
     def submit(
         self,
@@ -254,7 +263,7 @@ class SlurmScheduler:
             ]
             submitted = batch.add(
                 submit_op(
-                    sbatch_argv(spec),
+                    sbatch_argv(spec, version=self.version),
                     token=token,
                     state_path=state_path,
                     lock_path=lock_path or state_path + ".lock",
@@ -287,16 +296,18 @@ class SlurmScheduler:
         heartbeats: Mapping[str, str] | None = None,
         shared: bool = False,
         fresh: bool = False,
+        state_only: bool = False,
     ) -> StatusSnapshot:
         """One squeue for every job of ``job_names``; sacct only for known ids it lacks.
 
         ``heartbeats`` (path -> content) are written in the same round trip (0600, atomic,
         never creating a directory: a job directory already removed stays removed); a
-        write that fails is logged and does not affect the answer. ``shared`` and
-        ``fresh``: see :meth:`status_op`.
+        write that fails is logged and does not affect the answer. ``shared``, ``fresh``
+        and ``state_only``: see :meth:`status_op`.
         """
         op = self.status_op(job_names, known_ids, status_files=status_files,
-                            accounting=accounting, shared=shared, fresh=fresh)
+                            accounting=accounting, shared=shared, fresh=fresh,
+                            state_only=state_only)
         probing = accounting and self.accounting_outlook.probe_due(self._clock())
         with self.agent.batch() as batch:
             status = batch.add(op)
@@ -320,6 +331,7 @@ class SlurmScheduler:
         accounting: bool = True,
         shared: bool = False,
         fresh: bool = False,
+        state_only: bool = False,
     ) -> AgentOp[JobStatusResult]:
         """The status poll as an agent op, to send in a batch with other operations; turn its
         result into a :class:`StatusSnapshot` with :meth:`snapshot`.
@@ -329,16 +341,28 @@ class SlurmScheduler:
         of the user), when it is at most :attr:`status_max_age` seconds old and lists every
         known id; with ``fresh`` only an answer taken after the poll started serves it (still
         one squeue for all polls that need one at that moment). The snapshot then holds only
-        the known ids' jobs, not every job of ``job_names``."""
+        the known ids' jobs, not every job of ``job_names``.
+
+        ``state_only`` (with ``known_ids``): the caller needs only the jobs' states (a job
+        that already runs and is followed until it ends). On a release with
+        ``squeue --only-job-state`` (:attr:`version`, see
+        :func:`~dagster_slurm.slurm.commands.squeue_state_argv`) that lighter query of the
+        known ids answers, unshared, and the snapshot's queue records hold job id and
+        state only; elsewhere the poll is the one above."""
+        version = self.version
+        sacct = sacct_base_argv(version=version) if accounting else None
+        if state_only and known_ids and offers(version, SlurmFeature.ONLY_JOB_STATE):
+            return job_status_op(squeue_state_argv(job_names, known_ids, version=version),
+                                 list(known_ids), sacct_argv=sacct, status_files=status_files)
         share = None
         if shared and known_ids and self.status_path:
-            share = SharedSqueue(self.status_path, tuple(squeue_user_argv()),
+            share = SharedSqueue(self.status_path, tuple(squeue_user_argv(version=version)),
                                  0.0 if fresh else self.status_max_age,
                                  floor=self.status_max_age, client=self._client_id)
         return job_status_op(
-            squeue_argv(job_names),
+            squeue_argv(job_names, version=version),
             list(known_ids),
-            sacct_argv=sacct_base_argv() if accounting else None,
+            sacct_argv=sacct,
             status_files=status_files,
             shared=share,
         )
@@ -349,7 +373,7 @@ class SlurmScheduler:
         Read it with :meth:`snapshot` (``absent`` is empty: nothing is known to be missing)."""
         if not self.status_path:
             return None
-        argv = tuple(squeue_user_argv())
+        argv = tuple(squeue_user_argv(version=self.version))
         return job_status_op(list(argv), [], shared=SharedSqueue(
             self.status_path, argv, self.status_max_age, all_jobs=True,
             floor=self.status_max_age, client=self._client_id))
@@ -394,7 +418,7 @@ class SlurmScheduler:
     def accounting_op(self, job_ids: Sequence[str]) -> AgentOp[ExecResult]:
         """The sacct call of :meth:`accounting` as an agent op, to send in a batch with other
         operations; read its result with :meth:`accounting_records`."""
-        return exec_op(sacct_argv(job_ids), timeout=60.0)
+        return exec_op(sacct_argv(job_ids, version=self.version), timeout=60.0)
 
     def accounting_records(self, result: ExecResult) -> dict[str, SacctRecord]:
         """Records of an :meth:`accounting_op` result (counts the call; empty when sacct
@@ -424,14 +448,15 @@ class SlurmScheduler:
         batch_only: bool = False,
     ) -> None:
         """scancel the given jobs or every job of ``job_name`` (optionally only a signal)."""
-        argv = scancel_argv(job_ids=job_ids, job_name=job_name, signal=signal, batch_only=batch_only)
+        argv = scancel_argv(job_ids=job_ids, job_name=job_name, signal=signal,
+                            batch_only=batch_only, version=self.version)
         result = self._exec(argv, "scancel", check=False)
         if not result.ok and "Invalid job id" not in result.stderr:
             raise CommandFailed(result, "scancel")
 
     def test_only(self, spec: SbatchSpec) -> TestOnlyResult:
         """Ask ``sbatch --test-only`` when and where ``spec`` would start (nothing is queued)."""
-        argv = sbatch_argv(spec, test_only=True, script_on_stdin=True)
+        argv = sbatch_argv(spec, test_only=True, script_on_stdin=True, version=self.version)
         result = self._exec(argv, "sbatch", check=False, stdin="#!/bin/sh\ntrue\n")
         return parse_test_only(result.stderr + result.stdout, result.exit_code)
 
@@ -440,7 +465,7 @@ class SlurmScheduler:
         the script on standard input (:data:`~dagster_slurm.slurm.test_only.TEST_ONLY_SCRIPT`),
         the start time printed in UTC (:data:`~dagster_slurm.slurm.test_only.TEST_ONLY_ENV`).
         Read its result with :meth:`test_only_answer`."""
-        argv = sbatch_argv(spec, test_only=True, script_on_stdin=True)
+        argv = sbatch_argv(spec, test_only=True, script_on_stdin=True, version=self.version)
         return exec_op(argv, stdin=TEST_ONLY_SCRIPT, env=TEST_ONLY_ENV, timeout=timeout)
 
     def test_only_answer(self, pending: PendingResult[ExecResult]) -> TestOnlyResult:
@@ -458,7 +483,8 @@ class SlurmScheduler:
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict, fetched once per scheduler."""
         if self._config is None:
-            result = self._exec(scontrol_show_config_argv(), "scontrol", check=True)
+            result = self._exec(scontrol_show_config_argv(version=self.version), "scontrol",
+                                check=True)
             self._config = parse_scontrol_config(result.stdout)
         return self._config
 

@@ -16,7 +16,10 @@ reconciliation reads as the waiting step's sign of life.
 
 Polls are served from the login user's shared squeue answer (see
 :meth:`~dagster_slurm.scheduler.client.SlurmScheduler.status_op`): however many processes
-of one user watch jobs, the scheduler sees about one squeue per ``status_max_age``.
+of one user watch jobs, the scheduler sees about one squeue per ``status_max_age``. Once
+every tracked job runs, a poll asks for states only (``state_only``): on a Slurm release
+with ``squeue --only-job-state`` that lighter query of the tracked ids answers instead (a
+job's other queue fields then stay those of its last full listing).
 
 The exit-status shortcut: whoever sees a tracked job's exit-status file appear (the Pipes
 reader reads it in the round trip of its tail) calls :meth:`JobWatcher.payload_ended`. The
@@ -30,6 +33,7 @@ waiter keeps asking for answers newer than each poll, at the back-off's pace.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -42,6 +46,7 @@ from dagster_slurm.backoff import sleep_checking
 from dagster_slurm.errors import AuthenticationFailed, TransportError
 from dagster_slurm.scheduler.client import JobObservation, SlurmScheduler, StatusSnapshot
 from dagster_slurm.scheduler.pacing import PollBackoff
+from dagster_slurm.slurm.states import JobState
 
 log = logging.getLogger("dagster_slurm.scheduler")
 
@@ -62,6 +67,19 @@ def heartbeat_content(seq: int, clock: Callable[[], float] = time.time) -> str:
     a new ``seq``). The first word is this machine's clock, what the orphan reconciliation
     compares with its own."""
     return f"{clock():.3f} {socket.gethostname()} {os.getpid()} {seq}\n"
+
+
+def with_earlier_fields(snapshot: StatusSnapshot, earlier: StatusSnapshot) -> StatusSnapshot:
+    """``snapshot`` (a state-only answer, whose queue records hold job id and state only)
+    with each job's other queue fields (nodes, partition, times...) taken from its record
+    in ``earlier``, so that who reads a job's nodes after it ended still finds them."""
+    queue = {
+        job_id: dataclasses.replace(earlier.queue[job_id], state=record.state,
+                                    raw_state=record.raw_state)
+        if job_id in earlier.queue and record.name is None else record
+        for job_id, record in snapshot.queue.items()
+    }
+    return dataclasses.replace(snapshot, queue=queue)
 
 
 class JobLost(Exception):
@@ -89,7 +107,7 @@ class JobWatcher:
         self._tracked: dict[str, _Tracked] = {}
         self._last: StatusSnapshot | None = None
         self._last_at = float("-inf")
-        self._last_states: dict[str, object] = {}
+        self._last_states: dict[str, tuple[JobState | None, str | None]] = {}
         self._unseen: dict[str, int] = {}
         self._min_job_age_checked = False
         self._beats = 0
@@ -143,13 +161,25 @@ class JobWatcher:
             self._beats += 1
             beats = {t.heartbeat_file: heartbeat_content(self._beats)
                      for t in tracked.values() if t.heartbeat_file}
+            state_only = self._all_running(tracked)
             snapshot = self.scheduler.status(
                 names, list(tracked), status_files=files, accounting=self.accounting,
-                heartbeats=beats, shared=True, fresh=fresh,
+                heartbeats=beats, shared=True, fresh=fresh, state_only=state_only,
             )
+            if state_only and self._last is not None:
+                snapshot = with_earlier_fields(snapshot, self._last)
             self._record(snapshot, tracked)
             self._last, self._last_at = snapshot, self._clock()
             return snapshot
+
+    def _all_running(self, tracked: dict[str, _Tracked]) -> bool:
+        """Whether every tracked job was last seen holding its allocation (running, not
+        queued): then a poll needs only their states (``state_only``, see
+        :meth:`~dagster_slurm.scheduler.client.SlurmScheduler.status_op`)."""
+        states = [self._last_states.get(job_id, (None, None))[0] for job_id in tracked]
+        return bool(states) and all(
+            state is not None and state.active and not state.pending for state in states
+        )
 
     def _record(self, snapshot: StatusSnapshot, tracked: dict[str, _Tracked]) -> None:
         states = {j: (o.state, o.reason) for j in tracked for o in [snapshot.job(j)]}

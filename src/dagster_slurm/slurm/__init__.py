@@ -16,11 +16,13 @@ from dagster_slurm.slurm.commands import (
     SbatchSpec,
     sacct_argv,
     sacct_base_argv,
+    sacct_fields,
     sbatch_argv,
     scancel_argv,
     scontrol_show_config_argv,
     scontrol_update_timelimit_argv,
     squeue_argv,
+    squeue_state_argv,
     squeue_user_argv,
 )
 from dagster_slurm.slurm.directives import (
@@ -51,6 +53,7 @@ from dagster_slurm.slurm.validation import (
     validate_job_name,
     validate_slurm_name,
 )
+from dagster_slurm.slurm.version import SlurmFeature, SlurmVersion, parse_slurm_version
 from dagster_slurm.slurm.walltime import format_walltime, parse_duration, validate_walltime
 
 __all__ = [
@@ -67,7 +70,9 @@ __all__ = [
     "SacctRecord",
     "SacctStep",
     "SbatchSpec",
+    "SlurmFeature",
     "SlurmQueueConfig",
+    "SlurmVersion",
     "SqueueRecord",
     "TestOnlyResult",
     "expand_hostlist",
@@ -78,15 +83,18 @@ __all__ = [
     "parse_sbatch_parsable",
     "parse_scontrol_config",
     "parse_size_bytes",
+    "parse_slurm_version",
     "parse_squeue",
     "parse_test_only",
     "sacct_argv",
     "sacct_base_argv",
+    "sacct_fields",
     "sbatch_argv",
     "scancel_argv",
     "scontrol_show_config_argv",
     "scontrol_update_timelimit_argv",
     "squeue_argv",
+    "squeue_state_argv",
     "squeue_user_argv",
     "validate_extra_sbatch_directives",
     "validate_job_name",

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from dagster_slurm.slurm.commands import SACCT_BASE_FIELDS, SACCT_FIELDS
+from dagster_slurm.slurm.commands import SACCT_BASE_FIELDS, SACCT_FIELDS, SACCT_PLANNED_FIELDS
 from dagster_slurm.slurm.hostlist import expand_hostlist
 from dagster_slurm.slurm.states import JobState, cancelled_by
 from dagster_slurm.slurm.tres import NO_GPU_FIGURES, GpuFigures, job_gpu_figures, line_gpu_figures
@@ -92,6 +92,9 @@ class SacctRecord:
     gpu: GpuFigures = NO_GPU_FIGURES
     """GPU figures of the job: counts from the allocation line, usage over its lines (see
     :func:`~dagster_slurm.slurm.tres.job_gpu_figures`); None fields where not recorded."""
+    planned_seconds: float | None = None
+    """How long the job waited while eligible to start (``Planned``, requested on Slurm
+    23.02 and later); None where not requested or not given."""
 
     @property
     def node_hours(self) -> float | None:
@@ -128,8 +131,10 @@ def parse_sacct(text: object, fields: Sequence[str] = SACCT_FIELDS) -> dict[str,
     :func:`~dagster_slurm.slurm.commands.sacct_argv` requests), or from a header line when
     the output starts with one (``JobID|...``). With the default columns, a line of only
     :data:`~dagster_slurm.slurm.commands.SACCT_BASE_FIELDS` (without the TRES columns, as
-    earlier releases asked for) is read with those; its GPU figures are None. Other lines
-    whose column count does not match, and lines without a ``|`` (such as
+    earlier releases asked for) is read with those; its GPU figures are None. So is a line
+    with :data:`~dagster_slurm.slurm.commands.SACCT_PLANNED_FIELDS` appended (what
+    :func:`~dagster_slurm.slurm.commands.sacct_fields` requests on newer Slurm releases). Other
+    lines whose column count does not match, and lines without a ``|`` (such as
     ``Slurm accounting storage is disabled``), are skipped.
     """
     if not isinstance(text, str):
@@ -143,6 +148,9 @@ def parse_sacct(text: object, fields: Sequence[str] = SACCT_FIELDS) -> dict[str,
     base = [name.lower() for name in SACCT_BASE_FIELDS]
     if columns[: len(base)] == base:
         widths.add(len(base))
+    if columns == [name.lower() for name in SACCT_FIELDS]:
+        columns += [name.lower() for name in SACCT_PLANNED_FIELDS]
+        widths.add(len(columns))
     allocations: dict[str, Mapping[str, str]] = {}
     steps: dict[str, list[Mapping[str, str]]] = {}
     for line in lines:
@@ -194,6 +202,7 @@ def _record(job_id: str, row: Mapping[str, str], step_rows: list[Mapping[str, st
         start_time=parse_timestamp(row.get("start")),
         end_time=parse_timestamp(row.get("end")),
         steps=steps,
+        planned_seconds=parse_duration(row.get("planned")),
         gpu=job_gpu_figures(own_gpu, [
             (own_gpu, _elapsed(row)), *((step.gpu, step.elapsed_seconds) for step in steps),
         ]),

@@ -31,6 +31,7 @@ from dagster_slurm.slurm.validation import (
     validate_slurm_name,
     validate_text,
 )
+from dagster_slurm.slurm.version import SlurmFeature, SlurmVersion, offers
 from dagster_slurm.slurm.walltime import format_walltime, parse_duration, validate_walltime
 
 SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
@@ -85,7 +86,25 @@ SACCT_TRES_FIELDS: tuple[str, ...] = (
 accounting records them (see :mod:`dagster_slurm.slurm.tres`)."""
 
 SACCT_FIELDS: tuple[str, ...] = SACCT_BASE_FIELDS + SACCT_TRES_FIELDS
-"""The ``sacct --format`` columns :func:`sacct_argv` requests, in order."""
+"""The ``sacct --format`` columns :func:`sacct_argv` requests, in order (every release)."""
+
+SACCT_PLANNED_FIELDS: tuple[str, ...] = ("Planned",)
+"""Appended to :data:`SACCT_FIELDS` on releases with
+:attr:`~dagster_slurm.slurm.version.SlurmFeature.SACCT_PLANNED`: how long the job waited
+while eligible to start."""
+
+SQUEUE_STATE_FORMAT = "%i|%T"
+"""The ``squeue -o`` format of :func:`squeue_state_argv`: job id and state, the only
+columns ``--only-job-state`` fills in."""
+
+
+def sacct_fields(version: SlurmVersion | None = None) -> tuple[str, ...]:
+    """The ``sacct --format`` columns for ``version``: :data:`SACCT_FIELDS`, plus
+    :data:`SACCT_PLANNED_FIELDS` where the release has them (appended, so a reader of the
+    shorter layout reads the longer one's first columns unchanged)."""
+    if offers(version, SlurmFeature.SACCT_PLANNED):
+        return SACCT_FIELDS + SACCT_PLANNED_FIELDS
+    return SACCT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -246,7 +265,11 @@ _FLAG_OF_FIELD: dict[str, str] = {"exclusive": "exclusive", "hold": "hold"}
 
 
 def sbatch_argv(
-    spec: SbatchSpec, *, test_only: bool = False, script_on_stdin: bool = False
+    spec: SbatchSpec,
+    *,
+    test_only: bool = False,
+    script_on_stdin: bool = False,
+    version: SlurmVersion | None = None,
 ) -> list[str]:
     """``sbatch`` argv for ``spec``: options sorted by name, then the script path.
 
@@ -259,8 +282,11 @@ def sbatch_argv(
     ``--test-only``: Slurm then only estimates the start (on stderr, see
     :func:`~dagster_slurm.slurm.parsers.parse_test_only`) and submits nothing, although the
     estimate consumes a job id. With ``script_on_stdin`` the script path is left out and
-    sbatch reads the script from its standard input.
+    sbatch reads the script from its standard input. Every option used is accepted alike
+    by all supported releases, so ``version`` changes nothing (it is taken for symmetry
+    with the other builders).
     """
+    del version
     options: dict[str, str] = {"parsable": "--parsable"}
     if test_only:
         options["test-only"] = "--test-only"
@@ -303,15 +329,20 @@ def _as_list(field: str, values: Iterable[object] | None) -> list[object]:
 
 
 def squeue_argv(
-    job_names: Iterable[str] | None, job_ids: Iterable[str | int] | None = None
+    job_names: Iterable[str] | None,
+    job_ids: Iterable[str | int] | None = None,
+    *,
+    version: SlurmVersion | None = None,
 ) -> list[str]:
     """``squeue`` argv listing the given jobs in every state, in :data:`SQUEUE_FORMAT`.
 
     ``--states=all`` keeps finished jobs listed until Slurm purges them (``MinJobAge``),
     so a final state can be seen. Names and ids both filter (a job must match both when both
     are given); at least one must be non-empty, otherwise the whole queue would be listed.
-    Parse the output with :func:`~dagster_slurm.slurm.parsers.parse_squeue`.
+    Parse the output with :func:`~dagster_slurm.slurm.parsers.parse_squeue`. The same on
+    every release (``version`` changes nothing).
     """
+    del version
     names, ids = _names_and_ids(job_names, job_ids)
     if not names and not ids:
         raise ConfigurationError("job_names", job_names, "give at least one job name or job id")
@@ -323,9 +354,11 @@ def squeue_argv(
     return argv
 
 
-def squeue_user_argv() -> list[str]:
+def squeue_user_argv(*, version: SlurmVersion | None = None) -> list[str]:
     """``squeue`` argv listing every job of the calling user (``--me``) in every state, in
-    :data:`SQUEUE_FORMAT`: the one query a user's shared status answer comes from."""
+    :data:`SQUEUE_FORMAT`: the one query a user's shared status answer comes from. The same
+    on every release (``--only-job-state`` cannot filter by user)."""
+    del version
     return ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}", "--states=all", "--me"]
 
 
@@ -339,11 +372,14 @@ SQUEUE_OBSERVE_FIELDS: tuple[str, ...] = (
 )
 
 
-def squeue_observe_argv(job_names: Iterable[str]) -> list[str]:
+def squeue_observe_argv(
+    job_names: Iterable[str], *, version: SlurmVersion | None = None
+) -> list[str]:
     """``squeue`` argv listing every job of ``job_names`` in every state with
     :data:`SQUEUE_OBSERVE_FIELDS`, ``|``-separated with a header line (``--Format`` with a
     ``|`` suffix per field; parse with :func:`~dagster_slurm.slurm.parsers.parse_squeue`,
-    which reads such output by column name)."""
+    which reads such output by column name). The same on every release."""
+    del version
     names, _ = _names_and_ids(job_names, None)
     if not names:
         raise ConfigurationError("job_names", job_names, "give at least one job name")
@@ -352,8 +388,31 @@ def squeue_observe_argv(job_names: Iterable[str]) -> list[str]:
             f"--name={','.join(dict.fromkeys(names))}"]
 
 
-def sacct_argv(job_ids: Sequence[str | int]) -> list[str]:
-    """``sacct`` argv for the given jobs, allocation and step lines, in :data:`SACCT_FIELDS`.
+def squeue_state_argv(
+    job_names: Iterable[str], job_ids: Iterable[str | int], *, version: SlurmVersion | None
+) -> list[str]:
+    """The running-phase state poll of ``job_ids``: ``squeue --only-job-state`` by id where
+    ``version`` offers it (:attr:`~dagster_slurm.slurm.version.SlurmFeature.ONLY_JOB_STATE`),
+    with a header line and :data:`SQUEUE_STATE_FORMAT` (job id and state are the only
+    columns that query fills in; the header lets
+    :func:`~dagster_slurm.slurm.parsers.parse_squeue` read them by name). An id Slurm no
+    longer knows is left out, not an error. Elsewhere (or for an unknown version) the full
+    listing of ``job_names``, :func:`squeue_argv`.
+    """
+    if not offers(version, SlurmFeature.ONLY_JOB_STATE):
+        return squeue_argv(job_names, version=version)
+    _, ids = _names_and_ids(None, job_ids)
+    if not ids:
+        raise ConfigurationError("job_ids", job_ids, "give at least one job id")
+    return ["squeue", "--only-job-state", f"--format={SQUEUE_STATE_FORMAT}", "--states=all",
+            f"--jobs={','.join(dict.fromkeys(ids))}"]
+
+
+def sacct_argv(
+    job_ids: Sequence[str | int], *, version: SlurmVersion | None = None
+) -> list[str]:
+    """``sacct`` argv for the given jobs, allocation and step lines, in
+    :func:`sacct_fields` of ``version`` (:data:`SACCT_FIELDS` on 22.05).
 
     ``--parsable2`` separates columns with ``|`` (no trailing one), ``--noheader`` drops the
     header. Step lines are kept because only they carry ``MaxRSS``. Parse the output with
@@ -362,12 +421,12 @@ def sacct_argv(job_ids: Sequence[str | int]) -> list[str]:
     _, ids = _names_and_ids(None, job_ids)
     if not ids:
         raise ConfigurationError("job_ids", job_ids, "give at least one job id")
-    return [*sacct_base_argv(), f"--jobs={','.join(dict.fromkeys(ids))}"]
+    return [*sacct_base_argv(version=version), f"--jobs={','.join(dict.fromkeys(ids))}"]
 
 
-def sacct_base_argv() -> list[str]:
+def sacct_base_argv(*, version: SlurmVersion | None = None) -> list[str]:
     """:func:`sacct_argv` without ``--jobs``, for callers that append the ids themselves."""
-    return ["sacct", "--parsable2", "--noheader", f"--format={','.join(SACCT_FIELDS)}"]
+    return ["sacct", "--parsable2", "--noheader", f"--format={','.join(sacct_fields(version))}"]
 
 
 def scancel_argv(
@@ -376,14 +435,18 @@ def scancel_argv(
     signal: str | None = None,
     batch_only: bool = False,
     full: bool = False,
+    *,
+    version: SlurmVersion | None = None,
 ) -> list[str]:
-    """``scancel`` argv: cancel (or, with ``signal``, signal) jobs by id and/or name.
+    """``scancel`` argv: cancel (or, with ``signal``, signal) jobs by id and/or name; the
+    same on every release (``version`` changes nothing).
 
     ``batch_only`` (``--batch``) signals only the batch shell, ``full`` (``--full``) the
     batch shell and every step; they exclude each other. At least one of ``job_ids`` and
     ``job_name`` is required (a bare ``scancel`` with a signal would be an error, and with
     a name filter alone only matching jobs are touched).
     """
+    del version
     _, ids = _names_and_ids(None, job_ids)
     name = None if job_name is None else validate_job_name("job_name", job_name)
     if not ids and name is None:
@@ -403,19 +466,23 @@ def scancel_argv(
     return argv
 
 
-def scontrol_show_config_argv() -> list[str]:
-    """``scontrol show config`` argv; parse with
+def scontrol_show_config_argv(*, version: SlurmVersion | None = None) -> list[str]:
+    """``scontrol show config`` argv (every release); parse with
     :func:`~dagster_slurm.slurm.parsers.parse_scontrol_config`."""
+    del version
     return ["scontrol", "show", "config"]
 
 
-def scontrol_update_timelimit_argv(job_id: str | int, value: str | float) -> list[str]:
+def scontrol_update_timelimit_argv(
+    job_id: str | int, value: str | float, *, version: SlurmVersion | None = None
+) -> list[str]:
     """``scontrol update`` argv setting a job's time limit.
 
     ``value`` is a Slurm duration (``01:00:00``, ``UNLIMITED``), the same prefixed with
     ``+``/``-`` to extend or shorten the current limit, or a number of seconds (written as
     ``[D-]HH:MM:SS``; Slurm rounds up to whole minutes).
     """
+    del version  # the same on every release
     job = validate_job_id("job_id", job_id)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not value > 0:

@@ -86,7 +86,8 @@ class SqueueRecord:
     num_nodes: int | None
     """Allocated (or, while pending, requested minimum) node count."""
     tres_per_node: str | None
-    """Requested trackable resources per node (``gres:gpu:2``); None when ``N/A``."""
+    """Requested trackable resources per node as Slurm prints them: ``gres:gpu:2`` on 22.05,
+    ``gres/gpu:2`` on 24.11 (see :attr:`gpus_per_node`); None when ``N/A``."""
     partition: str | None
     """Partition the job runs or waits in."""
     cpus: int | None
@@ -101,6 +102,17 @@ class SqueueRecord:
     """Trackable resources the scheduler reports for the job (``cpu=2,mem=2000M,node=1,
     gres/gpu=1``): the grant once it runs, the request before. Only listed by
     :func:`~dagster_slurm.slurm.commands.squeue_observe_argv` (None otherwise)."""
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """GPUs requested per node, read from :attr:`tres_per_node` in either release's
+        spelling (``gres:gpu:2``, ``gres/gpu:2``, typed ``gres/gpu:a100:2``; typed entries
+        add up); None when it names no GPU."""
+        counts = [int(m.group(1)) for m in _GPU_PER_NODE.finditer(self.tres_per_node or "")]
+        return sum(counts) if counts else None
+
+
+_GPU_PER_NODE = re.compile(r"(?:^|,)(?:gres[:/])?gpu(?::[^:,=]+)?:([0-9]{1,6})(?=,|$)")
 
 
 _SQUEUE_HEADERS: dict[str, str] = {

@@ -15,7 +15,10 @@ Operations run in order. Every result has ``ok``; a failed one has
 returns ``doc`` and ``version``); ``warnings`` lists what the caller should know (a broken
 stale lock). ``requires`` lists indices of earlier operations that must have succeeded;
 otherwise the operation is skipped: ``{"ok": false, "skipped": true, "error": ...}``.
-``now`` is read after the last operation.
+``now`` is read after the last operation. A request with ``"hello": true`` (the client's
+first of a connection) also gets ``"slurm_version": {"text": "slurm 24.11.5"}`` (the first
+line of ``squeue --version``, run once per agent process; ``text`` None and ``error`` set
+when it cannot be run), so the Slurm release is learnt without a round trip of its own.
 
 Guarantees: the program never dies on bad input. A request that cannot be understood (not
 JSON, wrong protocol, ``ops`` not a list) yields ``{"protocol": 1, "error": {...}}`` and exit
@@ -35,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .common import OpContext, OpError
+from .common import OpContext, OpError, run_command
 from .document import op_read, op_txn
 from .files import op_exec, op_mkdir, op_remove, op_tail, op_write_file
 from .observe import op_observe_session
@@ -60,6 +63,33 @@ HANDLERS: dict = {
     "mkdir": op_mkdir,
     "remove": op_remove,
 }
+
+
+#: What answers a request's ``hello``: the Slurm client's own ``--version`` (no RPC).
+SLURM_VERSION_ARGV = ["squeue", "--version"]
+_slurm_version: dict | None = None
+
+
+def slurm_version(run: Callable[..., dict] = run_command) -> dict:
+    """``{"text": <first line of squeue --version>}``, or ``{"text": None, "error": ...}``
+    when it cannot be run; a serving agent keeps a good answer (a failed one is asked
+    again by the next hello)."""
+    global _slurm_version
+    if _slurm_version is None:
+        try:
+            out = run(SLURM_VERSION_ARGV, timeout=10.0)
+        except OpError as exc:
+            answer: dict = {"text": None, "error": f"{exc.type}: {exc.message}"}
+        else:
+            lines = (out.get("stdout") or "").strip().splitlines()
+            answer = {"text": lines[0] if lines else None}
+            if out.get("rc") != 0 or not lines:
+                answer["error"] = ((out.get("stderr") or "").strip()[-500:]
+                                   or f"exit status {out.get('rc')}")
+        if "error" in answer:
+            return answer
+        _slurm_version = answer
+    return _slurm_version
 
 
 class BadRequest(Exception):
@@ -120,7 +150,10 @@ def handle_request(
     results: list = []
     for index, op in enumerate(ops):
         results.append(run_op(op, index, results, make_context))
-    return {"protocol": PROTOCOL_VERSION, "results": results, "now": clock()}
+    response = {"protocol": PROTOCOL_VERSION, "results": results, "now": clock()}
+    if request.get("hello") is True:
+        response["slurm_version"] = slurm_version()
+    return response
 
 
 def main(stdin: Any = None, stdout: Any = None, argv: Any = None) -> int:

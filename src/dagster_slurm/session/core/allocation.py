@@ -152,7 +152,8 @@ class SlurmAllocation:
 
     def state(self) -> JobState | None:
         """The allocation's scheduler state now (None when the scheduler does not say)."""
-        return self.scheduler.status([self.job_name], [self.job_id]).job(self.job_id).state
+        return self.scheduler.status([self.job_name], [self.job_id],
+                                     state_only=True).job(self.job_id).state
 
     def request_drain(self) -> None:
         """Send the drain signal to the allocation's batch shell (``scancel --batch
@@ -272,7 +273,7 @@ class SlurmAllocation:
                     tail = batch.add(tail_op(files))
                     status = batch.add(self.scheduler.status_op(
                         [self.job_name], [self.job_id], accounting=False,
-                        shared=True)) if check else None
+                        shared=True, state_only=True)) if check else None
                 chunks = tail.result().files
                 exit_code = parse_exit_code(chunks[0].data) if chunks[0].exists else None
                 drain_signal = chunks[1].data.decode("utf-8", "replace").strip() or None \

@@ -135,7 +135,8 @@ def agent_observe(slurm: Any, paths: SessionPaths, job_name: str, initial: Mappi
     with scheduler.agent.batch() as batch:
         lease = batch.add(store.txn_op(list(lease_patch))) if lease_patch is not None else None
         observed = batch.add(observe_session_op(
-            paths.document, squeue_observe_argv([job_name]), sacct_argv=sacct_base_argv(),
+            paths.document, squeue_observe_argv([job_name], version=scheduler.version),
+            sacct_argv=sacct_base_argv(version=scheduler.version),
             jobs_dir=f"{paths.session_dir}/jobs", job_files=JOB_FILES, files=[paths.ray_head]),
             requires=[lease] if lease is not None else [])
     now = batch.response.now if batch.response else None
