@@ -30,11 +30,18 @@ from dagster_slurm.agent import (
     exec_op,
     job_status_op,
     submit_op,
+    txn_op,
     write_file_op,
 )
 from dagster_slurm.agent.results import ExecResult, JobStatusResult
-from dagster_slurm.errors import CommandFailed, SchedulerError
+from dagster_slurm.errors import CommandFailed, SubmitLimitReached
 from dagster_slurm.scheduler.pacing import RateLimiter
+from dagster_slurm.scheduler.submit_wait import (
+    LimitWait,
+    read_limit,
+    refusal_error,
+    wait_for_slot,
+)
 from dagster_slurm.slurm import (
     JobState,
     SacctRecord,
@@ -200,6 +207,7 @@ class SlurmScheduler:
         self._client_id = _PROCESS_ID
         self.stats = SchedulerStats()
         self._submit_limit = RateLimiter(submit_interval, clock=clock, sleep=sleep)
+        self._clock, self._sleep = clock, sleep
         self._config: dict[str, str] | None = None
 
     # -- submission ------------------------------------------------------------------------
@@ -216,6 +224,7 @@ class SlurmScheduler:
         create: Mapping[str, Any] | None = None,
         guards: Sequence[Mapping[str, Any]] = (),
         on_submitted: tuple[str, Mapping[str, Any]] | None = None,
+        limit_wait: LimitWait | None = None,
     ) -> SubmittedJob:
         """Write ``files`` (path -> (content, mode)), then submit ``spec`` with a token.
 
@@ -232,36 +241,63 @@ class SlurmScheduler:
         still ``submitting``) or the other job is returned with ``recovered`` set.
         ``on_submitted`` (``(path template, value)``, e.g. ``("/workers/{job_id}", {...})``)
         also writes the job's own record when sbatch answered (see the agent's ``submit``).
+
+        A refusal for a limit on queued jobs (``MaxSubmitJobs``, ...) raises
+        :class:`~dagster_slurm.errors.SubmitLimitReached`, or with ``limit_wait`` waits for
+        a free slot and submits again under the same token
+        (:func:`~dagster_slurm.scheduler.submit_wait.wait_for_slot`). A refusal for a limit
+        the job can never meet raises :class:`SchedulerError` with what to change.
         """
         token = token or new_token()
         spec = _with_comment(spec, token)
+        once = dict(state_path=state_path, lock_path=lock_path or state_path + ".lock",
+                    record=record, record_value=record_value,
+                    create=dict(create) if create is not None else {"schema_version": 1},
+                    guards=guards, on_submitted=on_submitted)
+        try:
+            return self._submit_once(spec, token, files=files, retry=False, **once)
+        except SubmitLimitReached as refused:
+            if limit_wait is None:
+                raise
+            return wait_for_slot(
+                refused, limit_wait,
+                submit=lambda: self._submit_once(spec, token, files=None, retry=True, **once),
+                read_limit=lambda refusal: read_limit(self.agent, self.stats, refusal,
+                                                      account=spec.account, qos=spec.qos),
+                what=f"Slurm job {spec.job_name!r}", clock=self._clock, sleep=self._sleep)
+
+    def _submit_once(self, spec: SbatchSpec, token: str, *, state_path: str, lock_path: str,
+                     record: str, record_value: Mapping[str, Any] | None,
+                     create: Mapping[str, Any], guards: Sequence[Mapping[str, Any]],
+                     on_submitted: tuple[str, Mapping[str, Any]] | None,
+                     files: Mapping[str, tuple[str | bytes, int]] | None,
+                     retry: bool) -> SubmittedJob:
+        """One sbatch of ``spec`` (see :meth:`submit`). With ``retry`` the record a refusal
+        of the same token left (status ``failed``) is removed first, in the same round trip
+        (the removal checks token and status, so no other submission's record is lost)."""
         self._submit_limit.acquire()
         with self.agent.batch() as batch:
             written = [
                 batch.add(write_file_op(path, content, mode=mode, makedirs=True))
                 for path, (content, mode) in (files or {}).items()
             ]
-            submitted = batch.add(
-                submit_op(
-                    sbatch_argv(spec),
-                    token=token,
-                    state_path=state_path,
-                    lock_path=lock_path or state_path + ".lock",
-                    record=record,
-                    record_value=record_value,
-                    create=dict(create) if create is not None else {"schema_version": 1},
-                    guards=guards,
-                    on_submitted=on_submitted,
-                ),
-                requires=written,
-            )
+            if retry:
+                written.append(batch.add(txn_op(state_path, lock_path, [
+                    {"op": "test", "path": f"{record}/token", "value": token},
+                    {"op": "test", "path": f"{record}/status", "value": "failed"},
+                    {"op": "remove", "path": record},
+                ])))
+            submitted = batch.add(submit_op(
+                sbatch_argv(spec), token=token, state_path=state_path, lock_path=lock_path,
+                record=record, record_value=record_value, create=create, guards=guards,
+                on_submitted=on_submitted), requires=written)
         for item in written:
             item.result()
         self.stats.count("sbatch")
         result = submitted.result()
         if not result.ok:
             message = (result.stderr or result.stdout).strip() or f"status {result.status}"
-            raise SchedulerError(f"sbatch rejected job {spec.job_name!r}: {message}")
+            raise refusal_error(spec.job_name, message)
         assert result.job_id is not None
         return SubmittedJob(result.job_id, token, result.recovered)
 
