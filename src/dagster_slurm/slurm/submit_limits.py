@@ -86,8 +86,8 @@ _SIZE_ADVICE = (
      "lower it or use another qos"),
 )
 
-_ERROR_LINE = re.compile(r"^\s*sbatch:\s*error:\s*(\S.*?)\s*$")
-_CODE = re.compile(r"^[A-Z][A-Za-z]+$")
+#: A line ending in ``sbatch: error: <Code>`` (callers may have put words before it).
+_CODE_LINE = re.compile(r"sbatch:\s*error:\s*([A-Z][A-Za-z]+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,8 @@ def classify_refusal(text: str) -> SubmitRefusal | None:
     """
     if POLICY_SENTENCE not in text:
         return None
-    codes = [m.group(1) for m in map(_ERROR_LINE.match, text.splitlines())
-             if m and _CODE.match(m.group(1))]
-    code = codes[0] if codes else ""
+    found = _CODE_LINE.search(text)
+    code = found.group(1) if found else ""
     scope = COUNT_LIMITS.get(code)
     if scope is not None:
         return SubmitRefusal(code, RefusalKind.WAIT, scope)

@@ -112,3 +112,9 @@ def test_a_limit_of_zero_never_fits() -> None:
 def test_queued_jobs_of_other_users_do_not_count() -> None:
     queued = parse_queued(QUEUE + "other|dagster-slurm|normal\n", "dslurm")
     assert queued.total == 3 and queued.by_qos == {"normal": 2, "lim": 1}
+
+
+def test_the_code_is_found_after_words_the_caller_put_before_it() -> None:
+    text = "SubmitFailed: failed: " + refused("QOSMaxSubmitJobPerUserLimit")
+    refusal = classify_refusal(text)
+    assert refusal is not None and refusal.scope is LimitScope.QOS_USER
