@@ -9,6 +9,8 @@ Each test sets the limit with sacctmgr and resets it afterwards.
 
 import subprocess
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import dagster as dg
 import pytest
@@ -23,6 +25,7 @@ from compute_support import (
     wait_until,
     write_payload,
 )
+from session_support import session_compute
 
 from dagster_slurm import ComputeResource, SlurmResource
 from dagster_slurm.agent.ops import exec_op
@@ -73,6 +76,14 @@ def limit_three(env):
     _sacctmgr(env, "modify", "user", user, "set", "MaxSubmitJobs=-1")
 
 
+@dataclass(frozen=True)
+class Slot:
+    """The user whose one slot a job holds, and how to end that job."""
+
+    user: str
+    free: Callable[[], object]
+
+
 @pytest.fixture
 def one_slot_taken(env):
     """MaxSubmitJobs=1 and the one slot held by a job submitted directly as the user."""
@@ -82,8 +93,9 @@ def one_slot_taken(env):
         ["sbatch", "--parsable", "--job-name=limits-blocker", "--time=5", "--mem=100M",
          "--partition=cpu", "--output=/dev/null", "--wrap", "sleep 300"], timeout=30))
     assert blocker.rc == 0, blocker.stderr
-    yield user
-    slurm.agent().run(exec_op(["scancel", blocker.stdout.strip().split(";")[0]], timeout=30))
+    job_id = blocker.stdout.strip().split(";")[0]
+    yield Slot(user, lambda: slurm.agent().run(exec_op(["scancel", job_id], timeout=30)))
+    slurm.agent().run(exec_op(["scancel", job_id], timeout=30))
     _sacctmgr(env, "modify", "user", user, "set", "MaxSubmitJobs=-1")
 
 
@@ -147,7 +159,7 @@ def test_a_run_ended_while_waiting_for_a_slot_submits_nothing(env, tmp_path, one
     assert "DagsterRunEnded" in step_failure(outcome["result"])
     assert not squeue_names(env, f"dsl-{run.run_id[:8]}")
     sacct = subprocess.run(
-        ["sacct", "-n", "-X", "-u", one_slot_taken, "-S", "now-10minutes", "-o", "JobName%60"],
+        ["sacct", "-n", "-X", "-u", one_slot_taken.user, "-S", "now-10minutes", "-o", "JobName%60"],
         capture_output=True, text=True, check=True,
         env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"}).stdout
     assert f"dsl-{run.run_id[:8]}" not in sacct
@@ -163,3 +175,23 @@ def test_submit_limit_timeout_gives_a_clear_error(env, tmp_path, one_slot_taken)
     failure = step_failure(result)
     assert "submit_limit_timeout=5 s" in failure
     assert "MaxSubmitJobs" in failure and "AssocMaxSubmitJobLimit" in failure
+
+
+def test_a_run_allocation_waits_for_a_slot_and_runs_once_one_frees(env, tmp_path, one_slot_taken):
+    payload = write_payload(tmp_path, "short.py", PAYLOAD)
+    instance = dg.DagsterInstance.ephemeral()
+    outcome = {}
+
+    def target() -> None:
+        outcome["result"] = materialize_one(payload, session_compute("bash", env),
+                                            raise_on_error=False, instance=instance)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    wait_until(lambda: logged(instance, WAITING), 180, "the run allocation to wait for a slot")
+    one_slot_taken.free()
+    thread.join(300)
+    assert not thread.is_alive(), "the run did not finish"
+    result = outcome["result"]
+    assert result.success, step_failure(result)
+    assert any("a slot freed" in (m or "") for m in run_logs(result))
