@@ -30,7 +30,6 @@ from dagster_slurm.agent import (
     exec_op,
     job_status_op,
     submit_op,
-    txn_op,
     write_file_op,
 )
 from dagster_slurm.agent.results import ExecResult, JobStatusResult
@@ -62,6 +61,7 @@ from dagster_slurm.slurm import (
     squeue_user_argv,
 )
 from dagster_slurm.slurm.het_records import fold_accounting_records, fold_queue_records
+from dagster_slurm.slurm.submit_limits import RELEASE_ON
 from dagster_slurm.slurm.test_only import TEST_ONLY_ENV, TEST_ONLY_SCRIPT, unanswered
 from dagster_slurm.transport.base import CommandResult
 
@@ -255,13 +255,13 @@ class SlurmScheduler:
                     create=dict(create) if create is not None else {"schema_version": 1},
                     guards=guards, on_submitted=on_submitted)
         try:
-            return self._submit_once(spec, token, files=files, retry=False, **once)
+            return self._submit_once(spec, token, files=files, **once)
         except SubmitLimitReached as refused:
             if limit_wait is None:
                 raise
             return wait_for_slot(
                 refused, limit_wait,
-                submit=lambda: self._submit_once(spec, token, files=None, retry=True, **once),
+                submit=lambda: self._submit_once(spec, token, files=None, **once),
                 read_limit=lambda refusal: read_limit(self.agent, self.stats, refusal,
                                                       account=spec.account, qos=spec.qos),
                 what=f"Slurm job {spec.job_name!r}", clock=self._clock, sleep=self._sleep)
@@ -270,27 +270,20 @@ class SlurmScheduler:
                      record: str, record_value: Mapping[str, Any] | None,
                      create: Mapping[str, Any], guards: Sequence[Mapping[str, Any]],
                      on_submitted: tuple[str, Mapping[str, Any]] | None,
-                     files: Mapping[str, tuple[str | bytes, int]] | None,
-                     retry: bool) -> SubmittedJob:
-        """One sbatch of ``spec`` (see :meth:`submit`). With ``retry`` the record a refusal
-        of the same token left (status ``failed``) is removed first, in the same round trip
-        (the removal checks token and status, so no other submission's record is lost)."""
+                     files: Mapping[str, tuple[str | bytes, int]] | None) -> SubmittedJob:
+        """One sbatch of ``spec`` (see :meth:`submit`). A refusal for a limit on queued jobs
+        leaves no record (the agent's ``release_on``), so the same token can be submitted
+        again; ``files`` None on a retry (they were written by the first attempt)."""
         self._submit_limit.acquire()
         with self.agent.batch() as batch:
             written = [
                 batch.add(write_file_op(path, content, mode=mode, makedirs=True))
                 for path, (content, mode) in (files or {}).items()
             ]
-            if retry:
-                written.append(batch.add(txn_op(state_path, lock_path, [
-                    {"op": "test", "path": f"{record}/token", "value": token},
-                    {"op": "test", "path": f"{record}/status", "value": "failed"},
-                    {"op": "remove", "path": record},
-                ])))
             submitted = batch.add(submit_op(
                 sbatch_argv(spec), token=token, state_path=state_path, lock_path=lock_path,
                 record=record, record_value=record_value, create=create, guards=guards,
-                on_submitted=on_submitted), requires=written)
+                on_submitted=on_submitted, release_on=RELEASE_ON), requires=written)
         for item in written:
             item.result()
         self.stats.count("sbatch")

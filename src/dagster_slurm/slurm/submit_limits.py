@@ -66,6 +66,10 @@ COUNT_LIMITS: Mapping[str, LimitScope] = {
     "QOSGrpSubmitJobsLimit": LimitScope.QOS_GROUP,
 }
 
+#: What the agent's ``submit`` looks for in a refusal to drop the submission's record instead
+#: of marking it failed: the count limits, which the caller waits out.
+RELEASE_ON: tuple[str, ...] = tuple(COUNT_LIMITS)
+
 #: The limit field of each scope, as ``sacctmgr`` names it (for the log and errors).
 LIMIT_FIELDS: Mapping[LimitScope, str] = {
     LimitScope.ASSOCIATION_USER: "MaxSubmitJobs",
