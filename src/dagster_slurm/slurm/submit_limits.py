@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 #: The sentence every accounting-policy refusal of ``sbatch`` ends with (22.05 to 24.11).
@@ -229,8 +229,9 @@ def parse_limits(refusal: SubmitRefusal, *, user: str, associations: str, qos: s
                     "QOS " + (", ".join(sorted(names)) or "of user " + user))
 
 
-def _reading(candidates: list[tuple[int | None, str]], count, refusal: SubmitRefusal,
-             where: str) -> LimitReading:
+def _reading(candidates: list[tuple[int | None, str]], count: Callable[[str], int],
+             refusal: SubmitRefusal, where: str) -> LimitReading:
+    """The smallest limit found (the one that bites first) and the queued jobs it counts."""
     known = sorted((limit, holder) for limit, holder in candidates if limit is not None)
     if not known:
         return LimitReading(None, None, None, f"no {refusal.field} found for the {where}")
@@ -259,9 +260,12 @@ def describe_wait(refusal: SubmitRefusal, reading: LimitReading | None, user: st
               if refusal.scope in (LimitScope.ASSOCIATION_USER, LimitScope.ASSOCIATION_GROUP)
               else f"{refusal.field} of QOS {reading.holder}")
     queued = "?" if reading.queued is None else str(reading.queued)
-    mine = "" if refusal.scope in (LimitScope.ASSOCIATION_USER, LimitScope.QOS_USER) else " of yours"
-    return (f"{queued}{mine} of {reading.limit} jobs allowed {whose} are queued ({source}; "
-            f"{cause}); waiting for one to end")
+    if refusal.scope in (LimitScope.ASSOCIATION_USER, LimitScope.QOS_USER):
+        return (f"{queued} of {reading.limit} jobs allowed {whose} are queued ({source}; "
+                f"{cause}); waiting for one to end")
+    # a limit shared with others: squeue --me sees only the user's own share
+    return (f"the {reading.limit} jobs allowed {whose} are queued, {queued} of them yours "
+            f"({source}; {cause}); waiting for one to end")
 
 
 def never_fits(reading: LimitReading | None) -> bool:

@@ -118,3 +118,13 @@ def test_the_code_is_found_after_words_the_caller_put_before_it() -> None:
     text = "SubmitFailed: failed: " + refused("QOSMaxSubmitJobPerUserLimit")
     refusal = classify_refusal(text)
     assert refusal is not None and refusal.scope is LimitScope.QOS_USER
+
+
+def test_a_shared_limit_says_how_many_of_the_jobs_are_the_users() -> None:
+    refusal = classify_refusal(refused("AssocGrpSubmitJobsLimit"))
+    assert refusal is not None
+    assocs = ASSOCS.replace("dagster-slurm||||normal|", "dagster-slurm|||5|normal|")
+    reading = parse_limits(refusal, user="dslurm", associations=assocs, qos=QOS, queue=QUEUE)
+    assert (reading.limit, reading.holder, reading.queued) == (5, "dagster-slurm", 3)
+    assert describe_wait(refusal, reading, "dslurm").startswith(
+        "the 5 jobs allowed for account dagster-slurm (all its users) are queued, 3 of them yours")
