@@ -7,6 +7,7 @@ user's jobs has ended; its run ending stops the wait with nothing submitted; and
 Each test sets the limit with sacctmgr and resets it afterwards.
 """
 
+import importlib
 import subprocess
 import threading
 from collections.abc import Callable
@@ -31,6 +32,18 @@ from dagster_slurm import ComputeResource, SlurmResource
 from dagster_slurm.agent.ops import exec_op
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# The library imports these on a step's first use. They are imported here, in the main
+# thread, before the runs start in threads: pytest rewrites the package's modules as they
+# are imported (the package provides a pytest plugin), and CPython 3.11 before 3.11.8 can
+# fail to parse in two threads at once ("SystemError: AST constructor recursion depth
+# mismatch"), which once failed a run of this module.
+for _module in ("dagster_slurm.compute.slurm_runner", "dagster_slurm.compute.cleanup",
+                "dagster_slurm.compute.local_runner", "dagster_slurm.session.frontend.runner",
+                "dagster_slurm.session.frontend.lifecycle", "dagster_slurm.session.head.layout",
+                "dagster_slurm.session.head.run_tag", "dagster_slurm.session.core.config",
+                "dagster_slurm.jobs.activation"):
+    importlib.import_module(_module)
 
 PAYLOAD = """
 import time
