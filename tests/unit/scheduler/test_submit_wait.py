@@ -100,3 +100,15 @@ def test_hopeless_refusals_are_plain_errors_with_advice() -> None:
     assert not isinstance(error, SubmitLimitReached)
     assert "lower time_limit" in str(error)
     assert isinstance(refusal().refusal, SubmitRefusal)
+
+
+def test_submit_limit_timeout_is_validated_naming_the_field_and_value() -> None:
+    from dagster_slurm.resources.slurm import SlurmResource
+    from dagster_slurm.resources.ssh import SSHConnectionResource
+
+    ssh = SSHConnectionResource(host="login.invalid", user="u")
+    assert SlurmResource(ssh=ssh).submit_limit_timeout is None
+    assert SlurmResource(ssh=ssh, submit_limit_timeout=90).limit_wait(print).timeout == 90
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"submit_limit_timeout={bad}: must be > 0"):
+            SlurmResource(ssh=ssh, submit_limit_timeout=bad)
