@@ -75,11 +75,14 @@ def wait_for_slot(
     started = clock()
     backoff = PollBackoff(initial=wait.initial, maximum=max(wait.initial, wait.maximum))
     refused = first
-    said, said_at = "", float("-inf")
+    said, said_at, read_for = "", float("-inf"), ""
     while True:
         refusal = _refusal_of(refused)
         now = clock()
-        if now - said_at >= wait.log_interval or refused is first:
+        # the limit is read (one round trip) at the first refusal, when another limit
+        # refuses the job, and every log_interval seconds
+        if now - said_at >= wait.log_interval or refusal.code != read_for:
+            read_for = refusal.code
             reading, user = read_limit(refusal)
             if never_fits(reading):
                 raise SchedulerError(
