@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from dagster_slurm.devcluster.errors import DevClusterError
 from dagster_slurm.devcluster.layout import CLUSTER_NAME
+from dagster_slurm.devcluster.processes import wait_for
 
 #: The Slurm account of every user of the development cluster.
 ACCOUNT = "dagster-slurm"
@@ -49,15 +50,37 @@ def add_users_argv(users: Sequence[str]) -> tuple[str, ...]:
     )
 
 
+def cluster_argv() -> tuple[str, ...]:
+    """``sacctmgr`` listing the cluster with its controller's port (0 or empty until the
+    controller has registered with slurmdbd)."""
+    return ("sacctmgr", "--noheader", "--parsable2", "show", "cluster", CLUSTER_NAME,
+            "format=Cluster,ControlPort")
+
+
+def registered(text: str) -> bool:
+    """Whether :func:`cluster_argv` output shows the cluster registered by its controller."""
+    for line in text.splitlines():
+        name, _, port = line.strip().partition("|")
+        if name == CLUSTER_NAME and port.strip() not in ("", "0"):
+            return True
+    return False
+
+
 def parse_users(text: str) -> frozenset[str]:
     """Users of ``sacctmgr --parsable2 show associations format=User`` output (account line
     has an empty user and is skipped)."""
     return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
-def ensure_associations(slurm: SlurmRunner, users: Sequence[str]) -> str:
+def ensure_associations(slurm: SlurmRunner, users: Sequence[str],
+                        register_timeout: float = 20.0) -> str:
     """Create :data:`ACCOUNT` and the associations of ``users`` that are missing; return
-    what was done. ``slurm`` runs a Slurm client command against the cluster."""
+    what was done. ``slurm`` runs a Slurm client command against the cluster. Waits up to
+    ``register_timeout`` seconds for the controller to have registered the cluster with
+    slurmdbd (accounts can only be added to a known cluster)."""
+    if not wait_for(lambda: registered(slurm(*cluster_argv()).stdout), register_timeout, 0.2):
+        raise DevClusterError(f"slurmctld did not register the cluster {CLUSTER_NAME} with "
+                              f"slurmdbd within {register_timeout:g} s")
     listed = slurm(*existing_associations_argv())
     if listed.returncode != 0:
         raise DevClusterError(f"sacctmgr show associations failed: {listed.stderr.strip()}")
