@@ -112,3 +112,18 @@ class LockTimeout(DagsterSlurmError):
 
 class SchedulerError(DagsterSlurmError):
     """The scheduler rejected or failed a request (sbatch, squeue, scancel ...)."""
+
+
+class SubmitLimitReached(SchedulerError):
+    """sbatch refused a job because a limit on the user's (or account's, or QOS's) queued
+    jobs is reached; submitting again after one of them ended will work. ``refusal`` is the
+    classified limit (a :class:`~dagster_slurm.slurm.submit_limits.SubmitRefusal`)."""
+
+    def __init__(self, message: str, refusal: object) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
+class SubmitLimitTimeout(SchedulerError):
+    """A submission waited for a free slot under a submission limit longer than
+    ``SlurmResource.submit_limit_timeout`` allows; nothing was submitted."""

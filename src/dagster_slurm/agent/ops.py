@@ -241,6 +241,7 @@ def submit_op(
     max_schema_version: int | None = None,
     on_submitted: tuple[str, Mapping[str, Any]] | None = None,
     guards: Sequence[Mapping[str, Any]] = (),
+    release_on: Sequence[str] = (),
 ) -> AgentOp[SubmitResult]:
     """Record ``token`` at pointer ``record``, run ``argv`` (sbatch) unlocked, record the outcome.
 
@@ -249,7 +250,9 @@ def submit_op(
     ``("/workers/{job_id}", {"intent": "gpu"})``, also writes the job's own record in the
     transaction that records the job id. ``guards`` (``test``/``absent`` operations) must
     hold in the transaction that records the token, else nothing is written or submitted
-    (:class:`~dagster_slurm.agent.exceptions.SubmitGuardFailed`).
+    (:class:`~dagster_slurm.agent.exceptions.SubmitGuardFailed`). A refusal whose output
+    contains one of ``release_on`` removes the record instead of marking it failed (the
+    caller waits it out and submits the token again).
     """
     params = {
         "argv": list(argv),
@@ -261,6 +264,7 @@ def submit_op(
         if on_submitted is None
         else {"path": on_submitted[0], "value": dict(on_submitted[1])},
         "guards": [dict(guard) for guard in guards],
+        "release_on": list(release_on),
         "state": {
             "path": state_path,
             "lock": lock_path,

@@ -185,9 +185,12 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
         token = new_token()
         run_id, step_key = step_identity(job.context)
         owner = {"run_id": run_id, "step_key": step_key, "job_name": spec.job_name}
+        follower = follower_for(job.context, self.run_status_interval)
+        waits = self.slurm.limit_wait(
+            job.context.log.info, lambda: follower.check(f"a free slot to submit {spec.job_name}"))
         try:
             submitted = job.scheduler.submit(spec, state_path=paths.record, files=files,
-                                             token=token, record_value=owner)
+                                             token=token, record_value=owner, limit_wait=waits)
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
         except BaseException:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster_slurm.devcluster import certs, database, logins, otp, sites, sshd
+from dagster_slurm.devcluster import accounts, certs, database, logins, otp, sites, sshd
 from dagster_slurm.devcluster.config import gpu_device_paths, render_all, write_if_changed
 from dagster_slurm.devcluster.daemons import (
     DAEMON_COMMS,
@@ -145,6 +145,9 @@ class DevCluster:
             for spec in [*specs, *sites.site_specs(self.settings, self._plan)]:
                 with self._step(spec.name):
                     self._note(self._ensure(spec))
+            with self._step("associations"):
+                users = (self.settings.user, OTHER_USER, "root")
+                self._note(accounts.ensure_associations(self.probes.slurm, users))
             self._stop_daemons(self._unchosen_sites(), self.store.load())
         self._progress(f"cluster up in {time.monotonic() - started:.2f} s")
         return self.info()

@@ -38,6 +38,10 @@ DEFAULT_FATAL_REASONS: Mapping[str, str] = {
     "AssocMaxNodePerJobLimit": "the node count is above your association's per-job limit",
     "QOSMaxNodePerJobLimit": "the node count is above the QoS per-job limit",
     "QOSMaxGRESPerJob": "the GPU/GRES request is above the QoS per-job limit",
+    "QOSMaxMemoryPerJob": "the memory request is above the QoS per-job limit (MaxTRESPerJob "
+    "mem): lower mem or mem_per_cpu, or use another qos",
+    "AssocMaxMemPerJob": "the memory request is above your association's per-job limit "
+    "(MaxTRES mem): lower mem or mem_per_cpu",
     "AssocMaxCpuPerJobLimit": "the CPU request is above your association's per-job limit",
     "QOSMaxCpuPerJobLimit": "the CPU request is above the QoS per-job limit",
     "InvalidAccount": "the account is not valid for you: fix account",

@@ -14,7 +14,7 @@ import logging
 import os
 import posixpath
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dagster import ConfigurableResource
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
@@ -25,6 +25,7 @@ from dagster_slurm.errors import ConfigurationError, TransportError
 from dagster_slurm.resources import published_env
 from dagster_slurm.resources.ssh import SSHConnectionResource
 from dagster_slurm.scheduler.client import SlurmScheduler
+from dagster_slurm.scheduler.submit_wait import LimitWait
 from dagster_slurm.slurm.queue import SlurmQueueConfig
 
 #: How a ``remote_base`` may name the login user's home on the cluster (followed by ``/``
@@ -73,6 +74,28 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
             "started (concurrent polls still share one). Poll intervals are a floor on top."
         ),
     )
+    submit_limit_timeout: float | None = Field(
+        default=None,
+        description=(
+            "Seconds a submission may wait when Slurm refuses it for a limit on queued jobs "
+            "(MaxSubmitJobs of the user's association, MaxSubmitJobsPerUser of a QOS, and "
+            "their account and group variants). Such a refusal is not a failure: the step "
+            "logs the limit and how many of the user's jobs are queued, backs off and "
+            "submits again once a job has ended, and stops waiting, submitting nothing, when "
+            "its run ends. After this many seconds it fails with an error naming the limit. "
+            "None: wait for ever. A limit the job can never meet (walltime or size above the "
+            "association's or QOS's per-job limit) fails at once whatever this is."
+        ),
+    )
+
+    @field_validator("submit_limit_timeout", mode="before")
+    @classmethod
+    def _check_limit_timeout(cls, value: object) -> object:
+        # before coercion, so that the error shows the value as it was written
+        if isinstance(value, int | float) and not isinstance(value, bool) and not value > 0:
+            raise ValueError(f"submit_limit_timeout={value!r}: must be > 0 seconds, or None "
+                             "to wait for ever")
+        return value
 
     @field_validator("remote_base")
     @classmethod
@@ -143,6 +166,13 @@ class SlurmResource(ConfigurableResource, KnownFieldsOnly):
     def scheduler(self) -> SlurmScheduler:
         """The process-wide scheduler client for these settings."""
         return self._runtime()[1]
+
+    def limit_wait(self, emit: Callable[[str], None],
+                   check: Callable[[], None] | None = None) -> LimitWait:
+        """How a submission of a step waits under a submission limit: log lines to
+        ``emit``, ``check`` raising once the step's run has ended, bounded by
+        ``submit_limit_timeout``."""
+        return LimitWait(emit, check, self.submit_limit_timeout)
 
     def agent(self) -> AgentClient:
         """The cluster-side program's client used by :meth:`scheduler`."""

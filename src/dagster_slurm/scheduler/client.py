@@ -30,7 +30,7 @@ from dagster_slurm.agent import (
     write_file_op,
 )
 from dagster_slurm.agent.results import ExecResult, JobStatusResult
-from dagster_slurm.errors import CommandFailed, SchedulerError
+from dagster_slurm.errors import CommandFailed, SubmitLimitReached
 from dagster_slurm.scheduler.accounting_outlook import AccountingOutlook, probe_argv, reach_of
 from dagster_slurm.scheduler.observations import (
     JobObservation,
@@ -40,6 +40,12 @@ from dagster_slurm.scheduler.observations import (
     parse_exit_code,
 )
 from dagster_slurm.scheduler.pacing import RateLimiter
+from dagster_slurm.scheduler.submit_wait import (
+    LimitWait,
+    read_limit,
+    refusal_error,
+    wait_for_slot,
+)
 from dagster_slurm.slurm import (
     SacctRecord,
     SbatchSpec,
@@ -59,6 +65,7 @@ from dagster_slurm.slurm import (
     squeue_user_argv,
 )
 from dagster_slurm.slurm.het_records import fold_accounting_records, fold_queue_records
+from dagster_slurm.slurm.submit_limits import RELEASE_ON
 from dagster_slurm.slurm.test_only import TEST_ONLY_ENV, TEST_ONLY_SCRIPT, unanswered
 from dagster_slurm.slurm.version import SlurmFeature, SlurmVersion, offers
 from dagster_slurm.transport.base import CommandResult
@@ -103,6 +110,7 @@ class SlurmScheduler:
         self._client_id = _PROCESS_ID
         self.stats = SchedulerStats()
         self._submit_limit = RateLimiter(submit_interval, clock=clock, sleep=sleep)
+        self._clock, self._sleep = clock, sleep
         self._config: dict[str, str] | None = None
         self._clock = clock
         #: What this process knows of the cluster's accounting: fed by every sacct answer
@@ -135,6 +143,7 @@ class SlurmScheduler:
         create: Mapping[str, Any] | None = None,
         guards: Sequence[Mapping[str, Any]] = (),
         on_submitted: tuple[str, Mapping[str, Any]] | None = None,
+        limit_wait: LimitWait | None = None,
     ) -> SubmittedJob:
         """Write ``files`` (path -> (content, mode)), then submit ``spec`` with a token.
 
@@ -151,36 +160,56 @@ class SlurmScheduler:
         still ``submitting``) or the other job is returned with ``recovered`` set.
         ``on_submitted`` (``(path template, value)``, e.g. ``("/workers/{job_id}", {...})``)
         also writes the job's own record when sbatch answered (see the agent's ``submit``).
+
+        A refusal for a limit on queued jobs (``MaxSubmitJobs``, ...) raises
+        :class:`~dagster_slurm.errors.SubmitLimitReached`, or with ``limit_wait`` waits for
+        a free slot and submits again under the same token
+        (:func:`~dagster_slurm.scheduler.submit_wait.wait_for_slot`). A refusal for a limit
+        the job can never meet raises :class:`SchedulerError` with what to change.
         """
         token = token or new_token()
         spec = _with_comment(spec, token)
+        once = dict(state_path=state_path, lock_path=lock_path or state_path + ".lock",
+                    record=record, record_value=record_value,
+                    create=dict(create) if create is not None else {"schema_version": 1},
+                    guards=guards, on_submitted=on_submitted)
+        try:
+            return self._submit_once(spec, token, files=files, **once)
+        except SubmitLimitReached as refused:
+            if limit_wait is None:
+                raise
+            return wait_for_slot(
+                refused, limit_wait,
+                submit=lambda: self._submit_once(spec, token, files=None, **once),
+                read_limit=lambda refusal: read_limit(self.agent, self.stats, refusal,
+                                                      account=spec.account, qos=spec.qos),
+                what=f"Slurm job {spec.job_name!r}", clock=self._clock, sleep=self._sleep)
+
+    def _submit_once(self, spec: SbatchSpec, token: str, *, state_path: str, lock_path: str,
+                     record: str, record_value: Mapping[str, Any] | None,
+                     create: Mapping[str, Any], guards: Sequence[Mapping[str, Any]],
+                     on_submitted: tuple[str, Mapping[str, Any]] | None,
+                     files: Mapping[str, tuple[str | bytes, int]] | None) -> SubmittedJob:
+        """One sbatch of ``spec`` (see :meth:`submit`). A refusal for a limit on queued jobs
+        leaves no record (the agent's ``release_on``), so the same token can be submitted
+        again; ``files`` None on a retry (they were written by the first attempt)."""
         self._submit_limit.acquire()
         with self.agent.batch() as batch:
             written = [
                 batch.add(write_file_op(path, content, mode=mode, makedirs=True))
                 for path, (content, mode) in (files or {}).items()
             ]
-            submitted = batch.add(
-                submit_op(
-                    sbatch_argv(spec, version=self.version),
-                    token=token,
-                    state_path=state_path,
-                    lock_path=lock_path or state_path + ".lock",
-                    record=record,
-                    record_value=record_value,
-                    create=dict(create) if create is not None else {"schema_version": 1},
-                    guards=guards,
-                    on_submitted=on_submitted,
-                ),
-                requires=written,
-            )
+            submitted = batch.add(submit_op(
+                sbatch_argv(spec, version=self.version), token=token, state_path=state_path,
+                lock_path=lock_path, record=record, record_value=record_value, create=create,
+                guards=guards, on_submitted=on_submitted, release_on=RELEASE_ON), requires=written)
         for item in written:
             item.result()
         self.stats.count("sbatch")
         result = submitted.result()
         if not result.ok:
             message = (result.stderr or result.stdout).strip() or f"status {result.status}"
-            raise SchedulerError(f"sbatch rejected job {spec.job_name!r}: {message}")
+            raise refusal_error(spec.job_name, message)
         assert result.job_id is not None
         return SubmittedJob(result.job_id, token, result.recovered)
 

@@ -156,6 +156,29 @@ def test_failed_sbatch_is_recorded_and_returned(
     assert record["status"] == "failed" and "invalid partition" in record["error"]
 
 
+def test_a_refusal_named_in_release_on_leaves_no_record_and_the_token_submits_again(
+    client: AgentClient, bindir: Path, state: dict[str, str], tmp_path: Path
+) -> None:
+    refused = tmp_path / "refused"
+    refused.write_text("")
+    write_script(bindir, "sbatch", f"""\
+        if [ -f {refused} ]; then
+          echo 'sbatch: error: AssocMaxSubmitJobLimit' >&2
+          echo 'sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user'"'"'s size and/or time limits)' >&2
+          exit 1
+        fi
+        echo 'Submitted batch job 78'
+        """)
+    result = submit(client, state, release_on=("AssocMaxSubmitJobLimit",))
+    assert not result.ok and result.status == "failed"
+    assert "AssocMaxSubmitJobLimit" in result.stderr
+    doc = json.loads(Path(state["state_path"]).read_text())
+    assert TOKEN not in (doc.get("worker_submissions") or {})
+    refused.unlink()  # a job of the user ended
+    again = submit(client, state, release_on=("AssocMaxSubmitJobLimit",))
+    assert again.ok and again.job_id == "78" and not again.recovered
+
+
 def test_a_token_is_submitted_at_most_once(
     client: AgentClient, bindir: Path, state: dict[str, str], tmp_path: Path
 ) -> None:

@@ -145,7 +145,8 @@ class FakeCluster:
                token: str, record_value: Mapping[str, Any],
                create: Mapping[str, Any], record: str = "/allocation",
                guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS,
-               on_submitted: tuple[str, Mapping[str, Any]] | None = None) -> SubmittedJob:
+               on_submitted: tuple[str, Mapping[str, Any]] | None = None,
+               limit_wait: Any = None) -> SubmittedJob:
         self._count("sbatch")
         worker = record.startswith(wt.SUBMISSIONS + "/")
         self.specs.append(spec)

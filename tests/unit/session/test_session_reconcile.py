@@ -238,3 +238,17 @@ def test_the_session_resource_passes_the_contexts_session_on(monkeypatch: pytest
     assert [w.slurm_job_id for w in resource.inspect(context).workers("gpu")] == [job_id]
     resource.assign_worker_intent(context, job_id, None)
     assert resource.inspect(context).workers("gpu") == ()
+
+
+def test_a_submission_refused_for_a_limit_is_held_back_not_failed() -> None:
+    session, cluster = _session()
+    cluster.sbatch_error = ("sbatch: error: AssocMaxSubmitJobLimit\nsbatch: error: Batch job "
+                            "submission failed: Job violates accounting/QOS policy (job submit "
+                            "limit, user's size and/or time limits)")
+    result = session.reconcile_workers(_gpu(1))
+    assert result.submitted == ()
+    (held,) = result.held_back
+    assert "waits for a free slot" in held and "MaxSubmitJobs" in held
+    assert not held.startswith("a submission failed")
+    cluster.sbatch_error = None  # a job of the user ended: the next call submits it
+    assert len(session.reconcile_workers(_gpu(1)).submitted) == 1

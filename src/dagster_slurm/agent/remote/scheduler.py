@@ -29,6 +29,10 @@ the job id printed by ``sbatch``.
   ``SubmitGuardFailed`` is raised with ``job_id`` and ``cancelled`` (whether scancel
   succeeded). A guard that fails after this transaction is the guard owner's business: its
   teardown then finds the job by name.
+* ``release_on`` (strings): when sbatch exits non-zero printing one of them (a refusal the
+  caller waits out, such as ``AssocMaxSubmitJobLimit``), the record is removed instead of
+  marked ``failed``, so nobody takes the submission for failed and a retry of the same token
+  records it afresh. ``SubmitFailed`` is raised all the same, with ``released``.
 
 Non-guarantees: if the agent dies between ``sbatch`` and the second write, the record stays
 ``submitting``. The job carries the token in its comment (``submit`` refuses an argv without
@@ -170,11 +174,46 @@ def op_submit(params: dict, ctx: OpContext) -> dict:
     ):
         raise bad_request("parameter 'guards' must be a list of test/absent operations")
 
+    release_on = params.get("release_on") or []
+    if not isinstance(release_on, list) or not all(isinstance(t, str) and t for t in release_on):
+        raise bad_request("parameter 'release_on' must be a list of non-empty strings")
+
     existing = _record_intent(state, ctx, tokens, value, record, guards)
     if existing is not None:
         return existing
     outcome = _run_sbatch(argv, get_number(params, "timeout", 120.0))
+    if _refused_for(outcome, release_on):
+        return _release(state, ctx, tokens, value, outcome)
     return _record_outcome(state, ctx, tokens, value, outcome, on_submitted, guards)
+
+
+def _refused_for(out: dict, release_on: list) -> bool:
+    """sbatch ran, exited non-zero and printed one of ``release_on`` (a refusal that queued
+    nothing, e.g. a limit on queued jobs the caller will wait out)."""
+    if out["status"] != "failed" or out["rc"] is None:
+        return False
+    text = (out.get("stderr") or "") + (out.get("stdout") or "")
+    return any(marker in text for marker in release_on)
+
+
+def _release(state: dict, ctx: OpContext, tokens: list, value: dict, out: dict) -> dict:
+    """Remove the token's record after a refusal named in ``release_on`` (as if nothing had
+    been submitted: others see no failed submission, a retry records the token afresh) and
+    raise ``SubmitFailed`` with ``released``."""
+    record = make_pointer(*tokens)
+    patch = [{"op": "test", "path": record + "/token", "value": value["token"]},
+             {"op": "remove", "path": record}]
+    released = True
+    try:
+        locked_transaction(state, ctx, lambda _d, _n: patch, f"release {value['token']}")
+    except OpError as exc:
+        released = False
+        ctx.warnings.append(f"refused submission's record not removed ({exc.type}): {exc.message}")
+    raise OpError(
+        "SubmitFailed", f"{out['status']}: {(out.get('stderr') or '').strip()[-500:]}",
+        job_id=None, status=out["status"], rc=out["rc"], stdout=out.get("stdout", ""),
+        stderr=out.get("stderr", ""), recovered=False, recorded=False, released=released,
+    )
 
 
 def _record_intent(state: dict, ctx: OpContext, tokens: list, value: dict, record: str,

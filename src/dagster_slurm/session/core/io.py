@@ -18,6 +18,7 @@ from dagster_slurm.agent import exec_op, read_op, tail_op, write_file_op
 from dagster_slurm.agent.results import TailRequest, TxnResult
 from dagster_slurm.errors import SchedulerError
 from dagster_slurm.scheduler.client import SlurmScheduler, StatusSnapshot, SubmittedJob
+from dagster_slurm.scheduler.submit_wait import LimitWait
 from dagster_slurm.session.core.batch_io import (
     Observation,
     Step,
@@ -108,13 +109,15 @@ class SessionIO(Protocol):
                record_value: Mapping[str, Any], create: Mapping[str, Any],
                record: str = "/allocation",
                guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS,
-               on_submitted: tuple[str, Mapping[str, Any]] | None = None) -> SubmittedJob:
+               on_submitted: tuple[str, Mapping[str, Any]] | None = None,
+               limit_wait: LimitWait | None = None) -> SubmittedJob:
         """Write ``files``, record ``token`` at ``record`` (``/allocation``, ``/successor``
         or ``/worker_submissions/<token>``) if absent and ``guards`` hold (the head's: the
         session is open, :data:`~dagster_slurm.state.transitions.SUBMIT_GUARDS`), run
         sbatch; with ``on_submitted`` (``("/workers/{job_id}", value)``) the job's own record
-        is written with its id. Raises SubmissionInDoubt when another record is there,
-        SubmitGuardFailed when a guard failed."""
+        is written with its id; ``limit_wait``: how to wait under a submission limit (None: a
+        refusal for one raises SubmitLimitReached). Raises SubmissionInDoubt when another
+        record is there, SubmitGuardFailed when a guard failed."""
 
     def write_files(self, files: Files) -> None:
         """Write ``files`` in their order (one round trip; parents are created)."""
@@ -202,11 +205,12 @@ class AgentSessionIO:
                record_value: Mapping[str, Any], create: Mapping[str, Any],
                record: str = "/allocation",
                guards: Sequence[Mapping[str, Any]] = tr.SUBMIT_GUARDS,
-               on_submitted: tuple[str, Mapping[str, Any]] | None = None) -> SubmittedJob:
+               on_submitted: tuple[str, Mapping[str, Any]] | None = None,
+               limit_wait: LimitWait | None = None) -> SubmittedJob:
         return self.scheduler.submit(
             spec, state_path=self.paths.document, lock_path=self.paths.lock,
             record=record, record_value=record_value, create=create, files=files,
-            token=token, guards=guards, on_submitted=on_submitted,
+            token=token, guards=guards, on_submitted=on_submitted, limit_wait=limit_wait,
         )
 
     def write_files(self, files: Files) -> None:

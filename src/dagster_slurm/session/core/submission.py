@@ -20,6 +20,10 @@ Every job a session submits goes the same way:
    exception, ``KeyboardInterrupt``, a run that ended) cancels the job by its token and is
    raised again, so no job is left without a record.
 
+A refusal for a limit on queued jobs (``MaxSubmitJobs``, ...) is none of these: the
+submission waits for a free slot, logging the limit, and submits again (see
+:mod:`dagster_slurm.scheduler.submit_wait`); the run ending stops the wait.
+
 :func:`submit_request` builds the request (also the step of a batched submission, for
 ``reconcile_workers``, whose batch goes to the agent in one round trip with the other steps
 of its plan); :func:`guarded_submit` runs one.
@@ -111,11 +115,14 @@ def guarded_submit(session: SessionContext, request: Submit, what: str,
     """Run ``request`` (see the module docstring). ``what`` names the job in the error of
     a scheduler that refused it (``"the successor allocation"``; an empty ``what`` gives
     the scheduler's words alone)."""
+    follow = session.follow
+    waits = session.slurm.limit_wait(
+        out.info, None if follow is None else lambda: follow(f"a free slot to submit {what}"))
     try:
         job = session.io.submit(
             request.spec, files=request.files, token=request.token,
             record_value=request.record_value, create=request.create, record=request.record,
-            guards=request.guards, on_submitted=request.on_submitted)
+            guards=request.guards, on_submitted=request.on_submitted, limit_wait=waits)
     except SubmissionInDoubt:
         return SubmitResult(SubmitOutcome.IN_DOUBT)
     except SubmitGuardFailed as exc:

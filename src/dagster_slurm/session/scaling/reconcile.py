@@ -49,6 +49,7 @@ from dagster_slurm.session.scaling.intents import (
 from dagster_slurm.session.scaling.plan import ReconcilePlan, plan_reconcile
 from dagster_slurm.session.scaling.snapshot import SessionSnapshot, build_snapshot
 from dagster_slurm.session.workers.job_script import REMOVAL_SIGNAL
+from dagster_slurm.slurm.submit_limits import RefusalKind, classify_refusal
 from dagster_slurm.state import lease
 from dagster_slurm.state import transitions as tr
 from dagster_slurm.state import worker_transitions as wt
@@ -277,7 +278,7 @@ def _result(plan: ReconcilePlan, roles: list[tuple[str, str]],
         elif role == "lease":
             continue  # taken over after it expired: nothing after that step was applied
         elif role == "submitted":
-            held.append(f"a submission failed: {outcome.error}")
+            held.append(_refused_submission(outcome.error))
         elif role == "drain" and outcome.gone:
             continue  # it ended meanwhile: recorded released by the next call
         elif not outcome.skipped:
@@ -289,6 +290,19 @@ def _result(plan: ReconcilePlan, roles: list[tuple[str, str]],
         live=live, held_back=tuple(held), recovered=tuple(done.get("found", ())),
         cancelled=tuple(dict.fromkeys(done.get("cancelled", ()))),
         ended=tuple(done.get("ended", ())))
+
+
+def _refused_submission(error: str | None) -> str:
+    """The held-back sentence of a submission sbatch refused: a limit on queued jobs is a
+    wait (the next call submits again once a job has ended), anything else a failure."""
+    refusal = classify_refusal(error or "")
+    if refusal is not None and refusal.kind is RefusalKind.WAIT:
+        return (f"a submission waits for a free slot under the submission limit "
+                f"{refusal.field} (sbatch: {refusal.code}); a later call submits it once a "
+                "job of the user has ended")
+    if refusal is not None:
+        return f"a submission failed: {error} ({refusal.advice})"
+    return f"a submission failed: {error}"
 
 
 def _log(out: ProgressLog, session: SessionContext, intent: WorkerIntent,
