@@ -26,7 +26,6 @@ from typing import Protocol, TypeVar
 from dagster_slurm.agent import AgentClient, AgentOpError, exec_op
 from dagster_slurm.backoff import PollBackoff, sleep_checking
 from dagster_slurm.errors import SchedulerError, SubmitLimitReached, SubmitLimitTimeout
-from dagster_slurm.slurm.commands import submit_limit_argvs
 from dagster_slurm.slurm.submit_limits import (
     LimitReading,
     RefusalKind,
@@ -35,6 +34,7 @@ from dagster_slurm.slurm.submit_limits import (
     describe_wait,
     never_fits,
     parse_limits,
+    submit_limit_argvs,
 )
 
 T = TypeVar("T")

@@ -17,7 +17,6 @@ from typing import TypeVar
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.slurm.directives import option_name, validate_extra_sbatch_directives
 from dagster_slurm.slurm.hetjob import HET_SEPARATOR, HetComponentSpec, het_component_argv
-from dagster_slurm.slurm.submit_limits import ASSOC_FORMAT, QOS_FORMAT, QUEUE_FORMAT
 from dagster_slurm.slurm.validation import (
     MAX_COMMENT_LENGTH,
     validate_count,
@@ -496,19 +495,3 @@ def scontrol_update_timelimit_argv(
     else:
         limit = validate_walltime("value", value)
     return ["scontrol", "update", f"JobId={job}", f"TimeLimit={limit}"]
-
-
-def submit_limit_argvs() -> dict[str, list[str]]:
-    """The queries that say what a submission limit is (read by
-    :func:`~dagster_slurm.slurm.submit_limits.parse_limits`): the login user's name, every
-    association and QOS with their submit limits, and the user's queued jobs (pending or
-    running) with their account and QOS. Sent together, in one round trip."""
-    return {
-        "user": ["id", "-un"],
-        "associations": ["sacctmgr", "--noheader", "--parsable2", "show", "associations",
-                         "format=" + ",".join(ASSOC_FORMAT)],
-        "qos": ["sacctmgr", "--noheader", "--parsable2", "show", "qos",
-                "format=" + ",".join(QOS_FORMAT)],
-        "queue": ["squeue", "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED",
-                  f"--format={QUEUE_FORMAT}"],
-    }

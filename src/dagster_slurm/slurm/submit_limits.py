@@ -271,3 +271,19 @@ def describe_wait(refusal: SubmitRefusal, reading: LimitReading | None, user: st
 def never_fits(reading: LimitReading | None) -> bool:
     """True when the limit read is 0: no job may be queued at all, waiting cannot help."""
     return reading is not None and reading.limit == 0
+
+
+def submit_limit_argvs() -> dict[str, list[str]]:
+    """The queries that say what a submission limit is (read by
+    :func:`~dagster_slurm.slurm.submit_limits.parse_limits`): the login user's name, every
+    association and QOS with their submit limits, and the user's queued jobs (pending or
+    running) with their account and QOS. Sent together, in one round trip."""
+    return {
+        "user": ["id", "-un"],
+        "associations": ["sacctmgr", "--noheader", "--parsable2", "show", "associations",
+                         "format=" + ",".join(ASSOC_FORMAT)],
+        "qos": ["sacctmgr", "--noheader", "--parsable2", "show", "qos",
+                "format=" + ",".join(QOS_FORMAT)],
+        "queue": ["squeue", "--noheader", "--me", "--states=PENDING,RUNNING,SUSPENDED",
+                  f"--format={QUEUE_FORMAT}"],
+    }
