@@ -8,6 +8,7 @@ import sys
 from dagster_slurm.devcluster.certs import parse_duration
 from dagster_slurm.devcluster.cluster import DevCluster
 from dagster_slurm.devcluster.info import DevClusterInfo
+from dagster_slurm.devcluster.release import RELEASE_ENV, SUITES
 from dagster_slurm.devcluster.layout import (
     DEFAULT_STATE_DIR,
     LOGIN_SITES,
@@ -33,6 +34,7 @@ def _cluster(args: argparse.Namespace, progress: bool = True) -> DevCluster:
         ssh_listen=args.ssh_listen,
         progress=_progress if progress else None,
         login_sites=getattr(args, "login_sites", None),
+        slurm_release=getattr(args, "slurm_release", None),
     )
 
 
@@ -182,6 +184,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "all, or none: otp asks for a key and a one-time code (port ssh-port+1), cert takes "
         "only certificates of the cluster's CA (+2), bastion is a jump host to the login "
         f"node (+3). Env {LOGIN_SITES_ENV}; default: what the last up ran, else none",
+    )
+    up.add_argument(
+        "--slurm-release",
+        default=None,
+        metavar="RELEASE",
+        help=f"Slurm release of the daemons, the login node and the client commands: "
+        f"{', '.join(SUITES)} or native (the machine's own packages). Another release than "
+        "the machine's runs from a Debian root of the suite that packages it, built once "
+        f"into /var/cache/dagster-slurm/roots. Env {RELEASE_ENV}; default: what the last "
+        "up ran, else native",
     )
     up.set_defaults(handler=_up)
     down = actions.add_parser(

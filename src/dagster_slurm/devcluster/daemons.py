@@ -19,6 +19,7 @@ from pathlib import Path
 from dagster_slurm.devcluster import database
 from dagster_slurm.devcluster.layout import LOGIN_NODE, LOOPBACK, NODES, Node, Settings
 from dagster_slurm.devcluster.probes import ClusterProbes
+from dagster_slurm.devcluster.release import slurm_side
 from dagster_slurm.devcluster.processes import SYSTEM_PATH, daemon_env
 
 #: Runs inside a fresh UTS + mount namespace (private propagation, so the host never sees
@@ -218,7 +219,7 @@ def _slurmdbd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="slurmdbd",
         comm="slurmdbd",
-        argv=(executable("slurmdbd"),),
+        argv=slurm_side(settings, (executable("slurmdbd"),)),
         pid_file=paths.pid_file("slurmdbd"),
         logs=(paths.log_file("slurmdbd"), paths.output_file("slurmdbd")),
         config_files=(paths.slurmdbd_conf,),
@@ -233,7 +234,7 @@ def _slurmctld(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="slurmctld",
         comm="slurmctld",
-        argv=(executable("slurmctld"), "-f", str(paths.slurm_conf)),
+        argv=slurm_side(settings, (executable("slurmctld"), "-f", str(paths.slurm_conf))),
         pid_file=paths.pid_file("slurmctld"),
         logs=(paths.log_file("slurmctld"), paths.output_file("slurmctld")),
         config_files=(paths.slurm_conf, paths.gres_conf),
@@ -252,7 +253,8 @@ def _slurmd(settings: Settings, probes: ClusterProbes, node: Node) -> DaemonSpec
         argv=in_node_namespace(
             settings,
             node.name,
-            (executable("slurmd"), "-D", "-f", str(paths.slurm_conf), "-N", node.name),
+            slurm_side(settings, (executable("slurmd"), "-D", "-f", str(paths.slurm_conf),
+                                  "-N", node.name), in_node=True),
             pid_file=paths.pid_file(node.daemon),
         ),
         pid_file=paths.pid_file(node.daemon),
@@ -274,7 +276,8 @@ def _sshd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
         argv=in_node_namespace(
             settings,
             LOGIN_NODE,
-            (executable("sshd"), "-f", str(paths.sshd_config), "-E", str(paths.log_file("sshd"))),
+            slurm_side(settings, (executable("sshd"), "-f", str(paths.sshd_config),
+                                  "-E", str(paths.log_file("sshd"))), in_node=True),
         ),
         pid_file=paths.pid_file("sshd"),
         logs=(paths.log_file("sshd"), paths.output_file("sshd")),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from dagster_slurm.devcluster.layout import LOOPBACK, Settings
 from dagster_slurm.devcluster.processes import daemon_env, port_open, run, ssh_banner
+from dagster_slurm.devcluster.release import slurm_side
 
 #: Base node states in which a node accepts work.
 READY_BASE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
@@ -82,8 +83,8 @@ class ClusterProbes:
         self.env = daemon_env({"SLURM_CONF": str(self.paths.slurm_conf)})
 
     def slurm(self, *argv: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command against this cluster."""
-        return run(argv, self.env, timeout=timeout)
+        """Run a Slurm client command against this cluster (of its Slurm release)."""
+        return run(slurm_side(self.settings, argv), self.env, timeout=timeout)
 
     def munge(self) -> bool:
         """A credential encoded and decoded through the cluster's own munged socket."""
