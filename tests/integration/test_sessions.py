@@ -45,6 +45,7 @@ from dagster_slurm import (
     SlurmStepFailed,
     build_slurm_orphan_reconcile_sensor,
 )
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.session.session import RunSession
 
@@ -191,7 +192,7 @@ def test_eight_processes_starting_at_once_submit_one_allocation(env):
     assert len(set(job_ids)) == 1 and not job_ids[0].startswith("error"), job_ids
     prefix = f"dsr-{run_id}"
     assert [row[0] for row in active_jobs(env, prefix)] == job_ids[:1]
-    subprocess.run(["scancel", f"--name={active_jobs(env, prefix)[0][1]}"], check=True,
+    subprocess.run([slurm_command(env, "scancel"), f"--name={active_jobs(env, prefix)[0][1]}"], check=True,
                    env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
     assert wait_until(lambda: accounted_jobs(env, prefix), 20) == job_ids[:1]
 
@@ -470,7 +471,7 @@ def test_lower_level_allocation_api(env):
         drained = session.execute_in_session(["touch", "/tmp/should-not-exist"], name="late")
         assert drained.drained and drained.drain_signal == "TERM" and drained.exit_code == 0
         assert not Path("/tmp/should-not-exist").exists()
-        subprocess.run(["scancel", allocation.job_id], check=True,
+        subprocess.run([slurm_command(env, "scancel"), allocation.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
         assert wait_until(lambda: not active_jobs(env, session.job_name), 30)
         with pytest.raises(SlurmAllocationEnded) as info:

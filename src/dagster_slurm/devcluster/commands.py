@@ -8,7 +8,6 @@ import sys
 from dagster_slurm.devcluster.certs import parse_duration
 from dagster_slurm.devcluster.cluster import DevCluster
 from dagster_slurm.devcluster.info import DevClusterInfo
-from dagster_slurm.devcluster.release import RELEASE_ENV, SUITES
 from dagster_slurm.devcluster.layout import (
     DEFAULT_STATE_DIR,
     LOGIN_SITES,
@@ -19,6 +18,7 @@ from dagster_slurm.devcluster.layout import (
     USER_ENV,
     parse_login_sites,
 )
+from dagster_slurm.devcluster.release import RELEASE_ENV, SUITES
 from dagster_slurm.transport.certificates import shown_time
 
 

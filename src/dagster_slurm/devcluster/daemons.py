@@ -19,8 +19,8 @@ from pathlib import Path
 from dagster_slurm.devcluster import database
 from dagster_slurm.devcluster.layout import LOGIN_NODE, LOOPBACK, NODES, Node, Settings
 from dagster_slurm.devcluster.probes import ClusterProbes
-from dagster_slurm.devcluster.release import slurm_side
 from dagster_slurm.devcluster.processes import SYSTEM_PATH, daemon_env
+from dagster_slurm.devcluster.release import slurm_side
 
 #: Runs inside a fresh UTS + mount namespace (private propagation, so the host never sees
 #: these mounts; they go away with the namespace's last process): set the node's hostname,
