@@ -22,6 +22,7 @@ from compute_support import slurm_resource
 from session_support import Toucher, active_jobs
 
 from dagster_slurm import reconcile_orphaned_slurm_runs
+from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = [pytest.mark.integration]
 
@@ -97,7 +98,7 @@ def _start_asset_run(env: dict[str, str], tmp_path: Path, home: Path,
 
 
 def _scancel(env: dict[str, str], *job_ids: str) -> None:
-    subprocess.run(["scancel", *job_ids], check=False,
+    subprocess.run([slurm_command(env, "scancel"), *job_ids], check=False,
                    env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
 
 

@@ -52,6 +52,7 @@ def test_same_asset_in_local_and_slurm_mode_has_identical_metadata_keys(env, tmp
     assert keys["local"] == keys["slurm"]
 
 
+@pytest.mark.release_subset
 def test_extras_logs_and_output_reach_dagster(env, tmp_path, capfd):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     result = materialize_one(payload, compute(env))
@@ -115,6 +116,7 @@ def _run_in_background(payload: str, after_running, env, **opts):
     return outcome["result"]
 
 
+@pytest.mark.release_subset
 def test_cancelled_by_someone_else_is_typed(env, tmp_path):
     payload = write_payload(tmp_path, "sleep.py", "import time; time.sleep(120)\n")
     result = _run_in_background(
@@ -245,12 +247,13 @@ def test_job_over_partition_maxtime_fails_within_a_minute_saying_why(env, tmp_pa
     assert not squeue_names(env), "the unschedulable job must be cancelled"
 
 
+@pytest.mark.release_subset
 def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster):
     conf = {"SLURM_CONF": env["SLURM_CONF"]}
     blocker = subprocess.run(
         # from /, with no output file: this process's working directory (a clone under /tmp,
         # as in CI) does not exist on the nodes, which have their own /tmp
-        ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "blocker",
+        [slurm_command(env, "sbatch"), "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "blocker",
          "--chdir=/", "--output=/dev/null", "--wrap", "sleep 120"],
         capture_output=True, text=True, env=conf, check=True,
     ).stdout.strip()

@@ -71,6 +71,7 @@ def _joined_head(session, job_id: str) -> set[str]:
     return {row[2] for row in rows if len(row) == 3}
 
 
+@pytest.mark.release_subset
 def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_path):
     slurm = slurm_resource(env)
     marks = f"{slurm.base_path()}/test-marks/failover-{uuid.uuid4().hex[:8]}"

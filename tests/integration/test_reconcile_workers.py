@@ -94,6 +94,7 @@ def _shim_python(name: str, body: str) -> str:
 
 
 # -- inspect --------------------------------------------------------------------------------------
+@pytest.mark.release_subset
 def test_inspect_sees_every_allocation_in_one_round_trip_and_one_squeue(env):
     session = headless_session(env)
     try:
@@ -193,6 +194,7 @@ def test_eight_processes_reconciling_one_intent_never_submit_a_duplicate(env, tm
 
 
 # -- recovery around submission ------------------------------------------------------------------
+@pytest.mark.release_subset
 def test_a_connection_cut_after_sbatch_is_recovered_and_not_submitted_twice(env, tmp_path):
     mark = Path(SHIMS) / f"cut-{uuid.uuid4().hex}"
     python = _shim_python("sbatch", f"""\

@@ -57,6 +57,7 @@ def _units(marks: str) -> list[str]:
     return ["bash", "-c", script]
 
 
+@pytest.mark.release_subset
 def test_relay_drain_promote_and_continue_in_the_successor(env):
     slurm = slurm_resource(env)
     run_id = str(uuid.uuid4())

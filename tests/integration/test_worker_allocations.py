@@ -117,6 +117,7 @@ def gpu_worker(session):
     return worker, ids
 
 
+@pytest.mark.release_subset
 def test_a_worker_allocation_joins_and_offers_its_resources(session, gpu_worker):
     worker, ids = gpu_worker
     head = session.current_allocation()
