@@ -6,8 +6,12 @@
 # Without arguments the unit tests (tests/unit: no cluster, mostly CPU) run in a second
 # pytest process beside the integration tests (tests/integration: mostly waiting on the one
 # dev cluster, one test at a time), at a lower CPU priority; the unit run's output follows
-# the integration run's, and the exit status is the first non-zero one. Extra arguments go
-# to a single pytest instead (e.g. a path, -k, --durations=20).
+# the integration run's. Then a second dev cluster with the other Slurm release (24.11 on
+# Debian 12, 22.05 on Debian 13; SECOND_SLURM_RELEASE overrides, "none" skips it) comes up
+# in /tmp/dslurm-2411 with port offset 1000 and the release_subset integration tests run
+# against it; test.sh stops that cluster again only if it started it. The exit status is
+# the first non-zero one. Extra arguments go to a single pytest instead (e.g. a path, -k,
+# --durations=20).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DAGSTER_SLURM_EXTRAS=${DAGSTER_SLURM_EXTRAS:-dev,ray,spark} bash scripts/bootstrap.sh
@@ -46,5 +50,35 @@ checked "$integration_rc" tests/integration
 integration_rc=$?
 checked "$unit_rc" tests/unit
 unit_rc=$?
+
+second_release=${SECOND_SLURM_RELEASE:-}
+if [ -z "$second_release" ]; then
+    case "$(cut -d. -f1 /etc/debian_version 2>/dev/null)" in
+        12) second_release=24.11 ;;
+        13) second_release=22.05 ;;
+        *) second_release=none ;;
+    esac
+fi
+release_rc=0
+if [ "$second_release" != none ]; then
+    echo
+    echo "==================== Slurm $second_release: release_subset ===================="
+    second=(env DAGSTER_SLURM_DEV_STATE_DIR=/tmp/dslurm-2411 DAGSTER_SLURM_DEV_PORT_OFFSET=1000)
+    second_started=0
+    "${second[@]}" .venv/bin/dagster-slurm dev-cluster status >/dev/null 2>&1 || second_started=1
+    "${second[@]}" .venv/bin/dagster-slurm dev-cluster up --slurm-release "$second_release" \
+        --login-sites none
+    release_rc=$?
+    if [ "$release_rc" = 0 ]; then
+        "${second[@]}" .venv/bin/python -m pytest -m release_subset tests/integration \
+            -p no:cacheprovider
+        checked "$?" "tests/integration -m release_subset (Slurm $second_release)"
+        release_rc=$?
+    fi
+    if [ "$second_started" = 1 ]; then
+        "${second[@]}" .venv/bin/dagster-slurm dev-cluster down
+    fi
+fi
 [ "$integration_rc" = 0 ] || exit "$integration_rc"
-exit "$unit_rc"
+[ "$unit_rc" = 0 ] || exit "$unit_rc"
+exit "$release_rc"
