@@ -217,7 +217,7 @@ class DevCluster:
         os.chmod(directory, 0o755)
         changed = []
         for command in releases.CLIENT_COMMANDS:
-            argv = releases.slurm_side(self.settings, (f"/usr/bin/{command}",))
+            argv = self.settings.slurm_side((f"/usr/bin/{command}",))
             text = releases.client_script(command, self.settings.slurm_release, root, argv)
             if write_if_changed(directory / command, text, 0o755):
                 changed.append(f"bin/{command}")

@@ -20,7 +20,6 @@ from dagster_slurm.devcluster import database
 from dagster_slurm.devcluster.layout import LOGIN_NODE, LOOPBACK, NODES, Node, Settings
 from dagster_slurm.devcluster.probes import ClusterProbes
 from dagster_slurm.devcluster.processes import SYSTEM_PATH, daemon_env
-from dagster_slurm.devcluster.release import slurm_side
 
 #: Runs inside a fresh UTS + mount namespace (private propagation, so the host never sees
 #: these mounts; they go away with the namespace's last process): set the node's hostname,
@@ -219,7 +218,7 @@ def _slurmdbd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="slurmdbd",
         comm="slurmdbd",
-        argv=slurm_side(settings, (executable("slurmdbd"),)),
+        argv=settings.slurm_side((executable("slurmdbd"),)),
         pid_file=paths.pid_file("slurmdbd"),
         logs=(paths.log_file("slurmdbd"), paths.output_file("slurmdbd")),
         config_files=(paths.slurmdbd_conf,),
@@ -234,7 +233,7 @@ def _slurmctld(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="slurmctld",
         comm="slurmctld",
-        argv=slurm_side(settings, (executable("slurmctld"), "-f", str(paths.slurm_conf))),
+        argv=settings.slurm_side((executable("slurmctld"), "-f", str(paths.slurm_conf))),
         pid_file=paths.pid_file("slurmctld"),
         logs=(paths.log_file("slurmctld"), paths.output_file("slurmctld")),
         config_files=(paths.slurm_conf, paths.gres_conf),
@@ -253,7 +252,7 @@ def _slurmd(settings: Settings, probes: ClusterProbes, node: Node) -> DaemonSpec
         argv=in_node_namespace(
             settings,
             node.name,
-            slurm_side(settings, (executable("slurmd"), "-D", "-f", str(paths.slurm_conf),
+            settings.slurm_side((executable("slurmd"), "-D", "-f", str(paths.slurm_conf),
                                   "-N", node.name), in_node=True),
             pid_file=paths.pid_file(node.daemon),
         ),
@@ -276,7 +275,7 @@ def _sshd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
         argv=in_node_namespace(
             settings,
             LOGIN_NODE,
-            slurm_side(settings, (executable("sshd"), "-f", str(paths.sshd_config),
+            settings.slurm_side((executable("sshd"), "-f", str(paths.sshd_config),
                                   "-E", str(paths.log_file("sshd"))), in_node=True),
         ),
         pid_file=paths.pid_file("sshd"),

@@ -169,6 +169,11 @@ class Settings:
         """What every process of the cluster in :attr:`slurm_root` sees of the machine."""
         return releases.root_mounts(self.state_dir, self.payload_paths)
 
+    def slurm_side(self, argv: Iterable[str], in_node: bool = False) -> tuple[str, ...]:
+        """``argv`` of a program of this cluster's Slurm release (see
+        :func:`dagster_slurm.devcluster.release.slurm_side`)."""
+        return releases.slurm_side(self.slurm_root, self.root_mounts, tuple(argv), in_node)
+
     def port(self, daemon: str) -> int:
         """TCP port of ``daemon`` (a key of :data:`PORTS`) in this cluster."""
         return PORTS[daemon] + self.port_offset

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from dagster_slurm.devcluster.layout import LOOPBACK, Settings
 from dagster_slurm.devcluster.processes import daemon_env, port_open, run, ssh_banner
-from dagster_slurm.devcluster.release import slurm_side
 
 #: Base node states in which a node accepts work.
 READY_BASE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
@@ -84,7 +83,7 @@ class ClusterProbes:
 
     def slurm(self, *argv: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this cluster (of its Slurm release)."""
-        return run(slurm_side(self.settings, argv), self.env, timeout=timeout)
+        return run(self.settings.slurm_side(argv), self.env, timeout=timeout)
 
     def munge(self) -> bool:
         """A credential encoded and decoded through the cluster's own munged socket."""

@@ -27,14 +27,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from string import Template
 
 from dagster_slurm.devcluster.errors import DevClusterError, InstallError
 from dagster_slurm.devcluster.processes import SYSTEM_PATH
-
-if TYPE_CHECKING:
-    from dagster_slurm.devcluster.layout import Settings
 
 #: Environment variable that chooses the Slurm release of the cluster (see :data:`SUITES`).
 RELEASE_ENV = "DAGSTER_SLURM_DEV_SLURM_RELEASE"
@@ -298,17 +296,18 @@ def in_root_namespace(
     return (unshare, "--mount", "--propagation", "private", *in_root(root, mounts, argv))
 
 
-def slurm_side(settings: Settings, argv: Sequence[str], in_node: bool = False) -> tuple[str, ...]:
-    """``argv`` of a program of the cluster's Slurm release: as is with the machine's own
-    packages, else chrooted into the release's root, in the node's mount namespace when
-    ``in_node``, else in a mount namespace of its own."""
-    root = settings.slurm_root
+def slurm_side(
+    root: Path | None, mounts: Sequence[str], argv: Sequence[str], in_node: bool = False
+) -> tuple[str, ...]:
+    """``argv`` of a program of a cluster's Slurm release: as is with the machine's own
+    packages (``root`` None), else chrooted into ``root`` after ``mounts``, in the node's
+    mount namespace when ``in_node``, else in a mount namespace of its own."""
     if root is None:
         return tuple(argv)
     if in_node:
-        return in_root(root, settings.root_mounts, argv)
+        return in_root(root, mounts, argv)
     unshare = shutil.which("unshare", path=SYSTEM_PATH) or "unshare"
-    return in_root_namespace(root, settings.root_mounts, argv, unshare)
+    return in_root_namespace(root, mounts, argv, unshare)
 
 
 def payload_paths(environ: Mapping[str, str], names: Sequence[str]) -> tuple[str, ...]:
@@ -333,14 +332,10 @@ def payload_paths(environ: Mapping[str, str], names: Sequence[str]) -> tuple[str
 def client_script(command: str, release: str, root: Path, argv: Sequence[str]) -> str:
     """Text of the wrapper that runs Slurm client ``command`` of ``release`` from ``root``
     (``argv``: the full command line before the user's arguments)."""
-    from dagster_slurm.devcluster.config import render_template
-
-    return render_template(
-        "slurm-client.sh",
-        {
-            "command": shlex.quote(command),
-            "release": shlex.quote(release),
-            "root": shlex.quote(str(root)),
-            "argv": shlex.join(argv),
-        },
+    source = resources.files(__package__).joinpath("templates", "slurm-client.sh")
+    return Template(source.read_text(encoding="utf-8")).substitute(
+        command=shlex.quote(command),
+        release=shlex.quote(release),
+        root=shlex.quote(str(root)),
+        argv=shlex.join(argv),
     )
