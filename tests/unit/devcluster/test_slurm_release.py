@@ -221,7 +221,7 @@ def test_the_client_wrapper_quotes_every_value(tmp_path: Path) -> None:
     text = releases.client_script("squeue", "24.11", Path("/roots/it's"), argv)
     exec_line = next(line for line in text.splitlines() if line.startswith("exec "))
     assert shlex.split(exec_line) == ["exec", *argv, "$@"]
-    assert text.startswith("#!/bin/sh\n") and "PATH:=" in text
+    assert text.startswith("#!/bin/sh\n") and "\nPATH=/usr/sbin:" in text
 
 
 # -- settings, daemons, clients ------------------------------------------------------------
