@@ -51,34 +51,8 @@ integration_rc=$?
 checked "$unit_rc" tests/unit
 unit_rc=$?
 
-second_release=${SECOND_SLURM_RELEASE:-}
-if [ -z "$second_release" ]; then
-    case "$(cut -d. -f1 /etc/debian_version 2>/dev/null)" in
-        12) second_release=24.11 ;;
-        13) second_release=22.05 ;;
-        *) second_release=none ;;
-    esac
-fi
-release_rc=0
-if [ "$second_release" != none ]; then
-    echo
-    echo "==================== Slurm $second_release: release_subset ===================="
-    second=(env DAGSTER_SLURM_DEV_STATE_DIR=/tmp/dslurm-2411 DAGSTER_SLURM_DEV_PORT_OFFSET=1000)
-    second_started=0
-    "${second[@]}" .venv/bin/dagster-slurm dev-cluster status >/dev/null 2>&1 || second_started=1
-    "${second[@]}" .venv/bin/dagster-slurm dev-cluster up --slurm-release "$second_release" \
-        --login-sites none
-    release_rc=$?
-    if [ "$release_rc" = 0 ]; then
-        "${second[@]}" .venv/bin/python -m pytest -m release_subset tests/integration \
-            -p no:cacheprovider
-        checked "$?" "tests/integration -m release_subset (Slurm $second_release)"
-        release_rc=$?
-    fi
-    if [ "$second_started" = 1 ]; then
-        "${second[@]}" .venv/bin/dagster-slurm dev-cluster down
-    fi
-fi
+bash scripts/second_release.sh
+release_rc=$?
 [ "$integration_rc" = 0 ] || exit "$integration_rc"
 [ "$unit_rc" = 0 ] || exit "$unit_rc"
 exit "$release_rc"
