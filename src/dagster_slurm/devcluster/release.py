@@ -229,12 +229,22 @@ def ensure_root(
         (building / "run" / "sshd").mkdir(parents=True, exist_ok=True)
         marker = {"suite": suite, "packages": list(root_packages(suite))}
         (building / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        shutil.rmtree(root, ignore_errors=True)
+        _set_aside(root)
         building.rename(root)
         took = time.monotonic() - began
         if not root_complete(root, suite):
             raise InstallError(f"the {suite} root in {root} is incomplete after its build")
         return f"built {root} in {took:.0f} s"
+
+
+def _set_aside(root: Path) -> None:
+    """Move an outdated ``root`` out of the way instead of deleting it: daemons of a running
+    cluster may still be chrooted into it (they keep it by inode). Roots set aside by an
+    earlier build are removed."""
+    for old in root.parent.glob(f"{root.name}.replaced-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    if root.exists():
+        root.rename(root.with_name(f"{root.name}.replaced-{int(time.time())}"))
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:

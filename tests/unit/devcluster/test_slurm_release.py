@@ -140,6 +140,8 @@ def test_a_root_without_marker_or_with_another_package_list_is_rebuilt(tmp_path:
     marker.unlink()
     assert not releases.root_complete(root, "trixie")
     assert releases.ensure_root(root, "trixie", runner=FakeApt()).startswith("built")
+    assert [p.name.split("-")[0] for p in tmp_path.glob("trixie.replaced-*")] == [
+        "trixie.replaced"], "the outdated root is set aside (a cluster may still use it)"
     (root / "usr" / "sbin" / "slurmd").unlink()
     assert not releases.root_complete(root, "trixie")
 
