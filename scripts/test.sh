@@ -6,8 +6,12 @@
 # Without arguments the unit tests (tests/unit: no cluster, mostly CPU) run in a second
 # pytest process beside the integration tests (tests/integration: mostly waiting on the one
 # dev cluster, one test at a time), at a lower CPU priority; the unit run's output follows
-# the integration run's, and the exit status is the first non-zero one. Extra arguments go
-# to a single pytest instead (e.g. a path, -k, --durations=20).
+# the integration run's. Then a second dev cluster with the other Slurm release (24.11 on
+# Debian 12, 22.05 on Debian 13; SECOND_SLURM_RELEASE overrides, "none" skips it) comes up
+# in /tmp/dslurm-2411 with port offset 1000 and the release_subset integration tests run
+# against it (scripts/second_release.sh); test.sh stops that cluster again only if it
+# started it. The exit status is the first non-zero one. Extra arguments go to a single
+# pytest instead (e.g. a path, -k, --durations=20).
 #
 # tests/integration/test_login_nodes.py needs two login nodes behind the SSH port, which
 # changes the login node's hostname and /tmp that other tests check: the integration run
@@ -57,6 +61,10 @@ checked "$unit_rc" tests/unit
 unit_rc=$?
 checked "$login_nodes_rc" tests/integration/test_login_nodes.py
 login_nodes_rc=$?
+
+bash scripts/second_release.sh
+release_rc=$?
 [ "$integration_rc" = 0 ] || exit "$integration_rc"
 [ "$login_nodes_rc" = 0 ] || exit "$login_nodes_rc"
-exit "$unit_rc"
+[ "$unit_rc" = 0 ] || exit "$unit_rc"
+exit "$release_rc"

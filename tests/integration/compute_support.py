@@ -15,6 +15,7 @@ from dagster_slurm import SlurmQueueConfig, SlurmResource
 from dagster_slurm.agent.ops import exec_op
 from dagster_slurm.agent.results import ExecResult
 from dagster_slurm.compute.resource import ComputeResource
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.environment import EnvironmentConfig, prepare_environment
 from dagster_slurm.launchers.ray import RayLauncher
 
@@ -160,13 +161,13 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):  # 
 
 def squeue_state(env: dict[str, str], job_id: str) -> str:
     """The job's state as squeue prints it (``RUNNING``), empty when it is not listed."""
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+    return subprocess.run([slurm_command(env, "squeue"), "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                           text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.strip()
 
 
 def squeue_names(env: dict[str, str], prefix: str = "dsl-") -> list[str]:
     out = subprocess.run(
-        ["squeue", "-h", "-o", "%j|%T"], capture_output=True, text=True, check=True,
+        [slurm_command(env, "squeue"), "-h", "-o", "%j|%T"], capture_output=True, text=True, check=True,
         env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"},
     ).stdout
     return [line for line in out.splitlines() if line.startswith(prefix)]

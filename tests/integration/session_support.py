@@ -15,6 +15,7 @@ import dagster as dg
 from compute_support import RAY_PACKAGES, slurm_resource
 
 from dagster_slurm import ComputeResource, RayLauncher, SlurmRunAllocationConfig
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 
 RAY_SESSION_PAYLOAD = """
@@ -154,7 +155,7 @@ def retry_job() -> dg.JobDefinition:
 def active_jobs(env: dict[str, str], prefix: str) -> list[tuple[str, str, str]]:
     """(job id, name, state) of the queue's pending or running jobs whose name starts with prefix."""
     out = subprocess.run(
-        ["squeue", "-h", "-o", "%i|%j|%T"], capture_output=True, text=True, check=True,
+        [slurm_command(env, "squeue"), "-h", "-o", "%i|%j|%T"], capture_output=True, text=True, check=True,
         env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"},
     ).stdout
     rows = [tuple(line.split("|")) for line in out.splitlines() if line.strip()]
@@ -165,7 +166,7 @@ def active_jobs(env: dict[str, str], prefix: str) -> list[tuple[str, str, str]]:
 def accounted_jobs(env: dict[str, str], prefix: str) -> list[str]:
     """Job ids sacct knows (allocations only, last hour) whose name starts with prefix."""
     out = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,JobName%200", "-S", "now-1hours"],
+        [slurm_command(env, "sacct"), "-X", "-n", "-P", "-o", "JobID,JobName%200", "-S", "now-1hours"],
         capture_output=True, text=True, check=True,
         env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"},
     ).stdout

@@ -22,11 +22,11 @@ from compute_support import slurm_resource
 from session_support import Toucher, active_jobs
 
 from dagster_slurm import reconcile_orphaned_slurm_runs
+from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = [pytest.mark.integration]
 
 HERE = Path(__file__).parent
-RUNS_ROOT = Path("/home/dslurm/dagster-slurm/runs")
 
 SLEEPING_ASSET_RUN = """
     import os
@@ -66,8 +66,9 @@ def _job_ids(env: dict[str, str]) -> set[str]:
     return {row[0] for row in active_jobs(env, "dsl-")}
 
 
-def _record_dir(job_id: str) -> Path | None:
-    for record in RUNS_ROOT.glob("*/sleeper/*/job.json"):
+def _record_dir(env: dict[str, str], job_id: str) -> Path | None:
+    runs = Path(env["SLURM_DEPLOYMENT_BASE_PATH"], "runs")
+    for record in runs.glob("*/sleeper/*/job.json"):
         try:
             if json.loads(record.read_text()).get("job", {}).get("job_id") == job_id:
                 return record.parent
@@ -91,13 +92,13 @@ def _start_asset_run(env: dict[str, str], tmp_path: Path, home: Path,
                                   if r[2] == "RUNNING" and r[0] not in known], 120)
     assert running, "the asset's job never started"
     job_id = running[0][0]
-    job_dir = wait_until(lambda: _record_dir(job_id), 30)
+    job_dir = wait_until(lambda: _record_dir(env, job_id), 30)
     assert job_dir is not None, f"no record names job {job_id}"
     return proc, job_id, job_dir
 
 
 def _scancel(env: dict[str, str], *job_ids: str) -> None:
-    subprocess.run(["scancel", *job_ids], check=False,
+    subprocess.run([slurm_command(env, "scancel"), *job_ids], check=False,
                    env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
 
 

@@ -27,6 +27,7 @@ from compute_support import (
 )
 
 from dagster_slurm.compute.resource import ComputeResource
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 
 pytestmark = pytest.mark.integration
@@ -51,6 +52,7 @@ def test_same_asset_in_local_and_slurm_mode_has_identical_metadata_keys(env, tmp
     assert keys["local"] == keys["slurm"]
 
 
+@pytest.mark.release_subset
 def test_extras_logs_and_output_reach_dagster(env, tmp_path, capfd):
     payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
     result = materialize_one(payload, compute(env))
@@ -103,7 +105,7 @@ def _run_in_background(payload: str, after_running, env, **opts):
     deadline = time.monotonic() + 60
     job_id = None
     while time.monotonic() < deadline and job_id is None:
-        rows = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i|%j"], capture_output=True,
+        rows = subprocess.run([slurm_command(env, "squeue"), "-h", "-t", "R", "-o", "%i|%j"], capture_output=True,
                               text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
         ids = [r.split("|")[0] for r in rows if "|dsl-" in r]
         job_id = ids[0] if ids else None
@@ -114,10 +116,11 @@ def _run_in_background(payload: str, after_running, env, **opts):
     return outcome["result"]
 
 
+@pytest.mark.release_subset
 def test_cancelled_by_someone_else_is_typed(env, tmp_path):
     payload = write_payload(tmp_path, "sleep.py", "import time; time.sleep(120)\n")
     result = _run_in_background(
-        payload, lambda job: subprocess.run(["scancel", job], env={"SLURM_CONF": env["SLURM_CONF"]}),
+        payload, lambda job: subprocess.run([slurm_command(env, "scancel"), job], env={"SLURM_CONF": env["SLURM_CONF"]}),
         env,
     )
     assert "SlurmJobCancelled" in step_failure(result)
@@ -168,10 +171,10 @@ def test_scancel_before_the_payload_starts_is_cancelled_not_completed(env, tmp_p
     thread.start()
     try:
         job_dir = Path(_wait_until(lambda: (_read(mark) or "").strip(), 90, "the activation"))
-        rows = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], capture_output=True, text=True,
+        rows = subprocess.run([slurm_command(env, "squeue"), "-h", "-o", "%i|%Z"], capture_output=True, text=True,
                               env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
         (job_id,) = [r.split("|")[0] for r in rows if r.split("|")[1] == str(job_dir)]
-        subprocess.run(["scancel", job_id], env={"SLURM_CONF": env["SLURM_CONF"]}, check=True)
+        subprocess.run([slurm_command(env, "scancel"), job_id], env={"SLURM_CONF": env["SLURM_CONF"]}, check=True)
         # TERM is the drain signal: the job script records the cancel as a drain...
         _wait_until(lambda: _read(job_dir / "drain_signal") == "TERM\n", 30, "the drain record")
     finally:
@@ -193,12 +196,12 @@ def test_node_failure_is_typed(env, tmp_path):
     conf = {"SLURM_CONF": env["SLURM_CONF"]}
 
     def fail_node(job_id):
-        node = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True,
+        node = subprocess.run([slurm_command(env, "squeue"), "-h", "-j", job_id, "-o", "%N"], capture_output=True,
                               text=True, env=conf).stdout.strip()
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=test"],
+        subprocess.run([slurm_command(env, "scontrol"), "update", f"nodename={node}", "state=down", "reason=test"],
                        env=conf, check=True)
         time.sleep(1)
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=conf)
+        subprocess.run([slurm_command(env, "scontrol"), "update", f"nodename={node}", "state=resume"], env=conf)
 
     result = _run_in_background(payload, fail_node, env)  # jobs are not requeued by default
     assert "SlurmNodeFailure" in step_failure(result)
@@ -219,7 +222,7 @@ def test_timeout_is_typed(env, tmp_path):
         # on a running job: Slurm ends it for its walltime (TIMEOUT) at its next time-limit
         # check (every 30 s), not at the first check after the submitted minute.
         _wait_until(mark.exists, 60, "the payload to start")
-        subprocess.run(["scontrol", "update", f"jobid={job_id}", "timelimit=0"],
+        subprocess.run([slurm_command(env, "scontrol"), "update", f"jobid={job_id}", "timelimit=0"],
                        env={"SLURM_CONF": env["SLURM_CONF"]}, check=True)
 
     try:
@@ -244,12 +247,13 @@ def test_job_over_partition_maxtime_fails_within_a_minute_saying_why(env, tmp_pa
     assert not squeue_names(env), "the unschedulable job must be cancelled"
 
 
+@pytest.mark.release_subset
 def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster):
     conf = {"SLURM_CONF": env["SLURM_CONF"]}
     blocker = subprocess.run(
         # from /, with no output file: this process's working directory (a clone under /tmp,
         # as in CI) does not exist on the nodes, which have their own /tmp
-        ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "blocker",
+        [slurm_command(env, "sbatch"), "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-J", "blocker",
          "--chdir=/", "--output=/dev/null", "--wrap", "sleep 120"],
         capture_output=True, text=True, env=conf, check=True,
     ).stdout.strip()
@@ -258,7 +262,7 @@ def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster
         # ending on one of them)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and subprocess.run(
-                ["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
+                [slurm_command(env, "squeue"), "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
                 env=conf).stdout.strip() != "RUNNING":
             time.sleep(0.3)
         payload = write_payload(tmp_path, "ok.py", PAYLOAD_OK)
@@ -274,14 +278,14 @@ def test_pending_job_logs_its_reason_while_it_waits(env, tmp_path, slurm_cluster
         while time.monotonic() < deadline and not logged(
                 instance, "waiting in the queue: reason Resources"):
             time.sleep(0.3)
-        subprocess.run(["scancel", blocker], env=conf)
+        subprocess.run([slurm_command(env, "scancel"), blocker], env=conf)
         thread.join(120)
         result = logs[0]
         assert result.success
         texts = run_logs(result)
         assert any("waiting in the queue: reason Resources" in t for t in texts), texts
     finally:
-        subprocess.run(["scancel", blocker], env=conf)
+        subprocess.run([slurm_command(env, "scancel"), blocker], env=conf)
 
 
 #: Log messages of the cut-connection test: about 450 KB of messages, enough to keep the

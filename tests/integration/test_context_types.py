@@ -97,6 +97,7 @@ def _materializations(result) -> dict[str, dict[str, object]]:
     }
 
 
+@pytest.mark.release_subset
 def test_asset(env, scope, resource, instance, tmp_path):
     payload = write_payload(tmp_path, "materialize.py", MATERIALIZE)
 

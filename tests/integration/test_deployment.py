@@ -34,6 +34,8 @@ from deploy_support import (
 )
 from session_support import active_jobs
 
+from dagster_slurm.devcluster.info import slurm_command
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SENSOR = "slurm_orphan_reconcile_sensor"
@@ -90,7 +92,7 @@ def _print_past_capture(request: pytest.FixtureRequest, lines: list[str]) -> Non
 
 def _scancel(env: dict[str, str], job_ids: list[str]) -> None:
     if job_ids:
-        subprocess.run(["scancel", *job_ids], check=False, timeout=30,
+        subprocess.run([slurm_command(env, "scancel"), *job_ids], check=False, timeout=30,
                        env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
 
 

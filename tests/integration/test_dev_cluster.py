@@ -85,7 +85,7 @@ def two_node_job(
 
 def _sinfo_nodes(info: DevClusterInfo) -> list[tuple[str, str, str]]:
     proc = subprocess.run(
-        ["sinfo", "-h", "-N", "-o", "%N %P %T"],
+        [info.slurm_command("sinfo"), "-h", "-N", "-o", "%N %P %T"],
         env={**os.environ, "SLURM_CONF": str(info.slurm_conf)},
         capture_output=True,
         text=True,

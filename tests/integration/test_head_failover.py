@@ -23,6 +23,7 @@ from session_support import session_compute
 
 from dagster_slurm import ComputeResource, SlurmAllocationEnded, SlurmWorkerAllocationConfig
 from dagster_slurm.agent import write_file_op
+from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -70,6 +71,7 @@ def _joined_head(session, job_id: str) -> set[str]:
     return {row[2] for row in rows if len(row) == 3}
 
 
+@pytest.mark.release_subset
 def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_path):
     slurm = slurm_resource(env)
     marks = f"{slurm.base_path()}/test-marks/failover-{uuid.uuid4().hex[:8]}"
@@ -108,7 +110,7 @@ def test_a_cancelled_head_is_replaced_and_every_unit_is_processed_once(env, tmp_
         wait_until(lambda: "first" in seen, 300, "the asset to start")
         wait_until(lambda: len([n for n in os.listdir(marks) if n.startswith("unit-")]) >= 4,
                    120, "four committed units")
-        subprocess.run(["scancel", seen["first"]], env={"SLURM_CONF": env["SLURM_CONF"]},
+        subprocess.run([slurm_command(env, "scancel"), seen["first"]], env={"SLURM_CONF": env["SLURM_CONF"]},
                        check=True)
 
     canceller = threading.Thread(target=cancel_the_head, daemon=True)

@@ -71,6 +71,7 @@ class Slurmdbd:
         self.cluster = DevCluster(state_dir=cluster_info.state_dir)
         self.pid_file = Path(cluster_info.state_dir) / "run" / "slurmdbd.pid"
         self.env = {"SLURM_CONF": str(cluster_info.slurm_conf), "PATH": "/usr/bin:/bin"}
+        self.program = cluster_info.slurm_command
 
     def pid(self) -> int:
         return int(self.pid_file.read_text().split()[0])
@@ -88,7 +89,7 @@ class Slurmdbd:
     def sacct(self, job_id: str) -> tuple[int, str, str]:
         """``(rc, state of the allocation line or '', last stderr line)``."""
         proc = subprocess.run(
-            ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "State"],
+            [self.program("sacct"), "-n", "-P", "-X", "-j", job_id, "-o", "State"],
             capture_output=True, text=True, env=self.env, timeout=60, check=False,
         )
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -113,7 +114,7 @@ def until(condition, timeout: float, what: str, interval: float = 0.2):
 def squeue_state(dbd: Slurmdbd, name_suffix: str) -> tuple[str, str] | None:
     """``(job id, state)`` of the job whose name ends with ``name_suffix``, if listed."""
     out = subprocess.run(
-        ["squeue", "-h", "-t", "all", "-o", "%i|%j|%T"], capture_output=True, text=True,
+        [dbd.program("squeue"), "-h", "-t", "all", "-o", "%i|%j|%T"], capture_output=True, text=True,
         env=dbd.env, timeout=60, check=True,
     ).stdout
     for line in out.splitlines():

@@ -24,6 +24,7 @@ from login_support import at_a_terminal, unused_code
 
 from dagster_slurm.cli import main
 from dagster_slurm.devcluster import DevCluster, DevClusterInfo
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.devcluster.layout import LOGIN_SITES
 from dagster_slurm.devcluster.otp import read_secret, time_step, totp
 from dagster_slurm.errors import AuthenticationFailed, CertificateError
@@ -122,7 +123,7 @@ def _assert_job_known(info: DevClusterInfo, job_id: str) -> None:
     env = {**os.environ, "SLURM_CONF": str(info.slurm_conf)}
 
     def known() -> bool:
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID"], env=env,
+        out = subprocess.run([slurm_command(env, "sacct"), "-X", "-n", "-P", "-j", job_id, "-o", "JobID"], env=env,
                              capture_output=True, text=True, check=False).stdout
         return job_id in out.split()
 

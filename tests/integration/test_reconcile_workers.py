@@ -37,6 +37,7 @@ from compute_support import squeue_state, wait_until
 from reconcile_support import GPU, QUEUED, headless_session
 
 from dagster_slurm import WorkerIntent
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.session.session import RunSession
 
@@ -63,14 +64,14 @@ def _env(env: dict[str, str]) -> dict[str, str]:
 def _sacct_jobs(env: dict[str, str], job_name: str) -> dict[str, str]:
     """job id -> state of every allocation sacct knows by ``job_name`` (the window reaches
     into the future: a job that waits for its begin time is selected by it)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", f"--name={job_name}", "-o", "JobID,State",
+    out = subprocess.run([slurm_command(env, "sacct"), "-n", "-X", "-P", f"--name={job_name}", "-o", "JobID,State",
                           "-S", "now-1hour", "-E", "now+3hours"], env=_env(env),
                          capture_output=True, text=True, check=True).stdout
     return dict(line.split("|", 1) for line in out.splitlines() if line.strip())
 
 
 def _queued(env: dict[str, str], job_name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", f"--name={job_name}", "-t", "PENDING,RUNNING",
+    out = subprocess.run([slurm_command(env, "squeue"), "-h", f"--name={job_name}", "-t", "PENDING,RUNNING",
                           "-o", "%i"], env=_env(env), capture_output=True, text=True,
                          check=True).stdout
     return sorted(out.split())
@@ -93,6 +94,7 @@ def _shim_python(name: str, body: str) -> str:
 
 
 # -- inspect --------------------------------------------------------------------------------------
+@pytest.mark.release_subset
 def test_inspect_sees_every_allocation_in_one_round_trip_and_one_squeue(env):
     session = headless_session(env)
     try:
@@ -167,7 +169,7 @@ def test_eight_processes_reconciling_one_intent_never_submit_a_duplicate(env, tm
         start.touch()
         first = wait_until(lambda: len(_queued(env, session.job_name)) == 3
                            and _queued(env, session.job_name), 120, "three pool allocations")
-        subprocess.run(["scancel", first[0]], env=_env(env), check=True)  # one goes away
+        subprocess.run([slurm_command(env, "scancel"), first[0]], env=_env(env), check=True)  # one goes away
         outputs = []
         for proc in procs:
             out, err = proc.communicate(timeout=300)
@@ -192,6 +194,7 @@ def test_eight_processes_reconciling_one_intent_never_submit_a_duplicate(env, tm
 
 
 # -- recovery around submission ------------------------------------------------------------------
+@pytest.mark.release_subset
 def test_a_connection_cut_after_sbatch_is_recovered_and_not_submitted_twice(env, tmp_path):
     mark = Path(SHIMS) / f"cut-{uuid.uuid4().hex}"
     python = _shim_python("sbatch", f"""\
@@ -247,7 +250,7 @@ def test_a_stopped_slurmctld_submits_nothing_and_says_why_then_it_proceeds(env, 
     finally:
         DevCluster(state_dir=slurm_cluster.state_dir).up()
     try:
-        wait_until(lambda: subprocess.run(["squeue", "-h"], env=_env(env), capture_output=True,
+        wait_until(lambda: subprocess.run([slurm_command(env, "squeue"), "-h"], env=_env(env), capture_output=True,
                                           check=False).returncode == 0, 60, "slurmctld back")
         result = session.reconcile_workers(intent)
         assert len(result.submitted) == 1 and not result.held_back

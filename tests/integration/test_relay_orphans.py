@@ -36,6 +36,7 @@ from compute_support import slurm_resource, squeue_state, wait_until
 from session_support import session_compute
 
 from dagster_slurm import ComputeResource, SlurmRunAllocationConfig, reconcile_orphaned_slurm_runs
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.session.core.allocation import SlurmAllocation
 from dagster_slurm.session.core.errors import SessionError
@@ -57,7 +58,7 @@ def env(slurm_cluster) -> dict[str, str]:
 
 
 def _scancel(env: Mapping[str, str], *args: str) -> None:
-    subprocess.run(["scancel", *args], check=False,
+    subprocess.run([slurm_command(env, "scancel"), *args], check=False,
                    env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
 
 
@@ -334,7 +335,7 @@ class SiteSession(RunSession):
 
 
 def _nice(env: Mapping[str, str], job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%y"], capture_output=True,
+    return subprocess.run([slurm_command(env, "squeue"), "-h", "-j", job_id, "-o", "%y"], capture_output=True,
                           text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.strip()
 
 

@@ -25,6 +25,7 @@ from compute_support import compute, slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import SlurmRunAllocationConfig
 from dagster_slurm.agent import write_file_op
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -41,7 +42,7 @@ def env(slurm_cluster) -> dict[str, str]:
 
 
 def _jobs_in_partition(env: dict[str, str], partition: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-p", partition, "-o", "%i %j %T"], capture_output=True,
+    out = subprocess.run([slurm_command(env, "squeue"), "-h", "-p", partition, "-o", "%i %j %T"], capture_output=True,
                          text=True, check=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout
     return out.splitlines()
 

@@ -20,6 +20,8 @@ import pytest
 from compute_support import squeue_state, wait_until
 from head_elector import election_session
 
+from dagster_slurm.devcluster.info import slurm_command
+
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).parent
@@ -42,14 +44,14 @@ def _document(session) -> dict:
 
 
 def _running(env: dict[str, str], session) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "--name", session.job_name, "-t", "RUNNING,PENDING",
+    out = subprocess.run([slurm_command(env, "squeue"), "-h", "--name", session.job_name, "-t", "RUNNING,PENDING",
                           "-o", "%i"], env={**os.environ, **env}, capture_output=True,
                          text=True, check=True).stdout
     return out.split()
 
 
 def _queue(env: dict[str, str]) -> str:
-    return subprocess.run(["squeue", "-o", "%i %j %T %N %R"], env={**os.environ, **env},
+    return subprocess.run([slurm_command(env, "squeue"), "-o", "%i %j %T %N %R"], env={**os.environ, **env},
                           capture_output=True, text=True).stdout
 
 
@@ -58,7 +60,7 @@ def test_four_processes_elect_one_head(env):
     session = election_session(env, run_id)
     try:
         first = session.allocation.job_id
-        subprocess.run(["scancel", first], env={**os.environ, **env}, check=True)
+        subprocess.run([slurm_command(env, "scancel"), first], env={**os.environ, **env}, check=True)
         wait_until(lambda: squeue_state(env, first) in ("", "CANCELLED", "COMPLETED"), 60,
                    "the head to end")
         electors = [_elector(env, run_id) for _ in range(4)]
@@ -86,12 +88,12 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
         first = session.allocation.job_id
         # both cpu nodes busy: the elected head waits in the queue
         filler = subprocess.run(
-            ["sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-t", "5",
+            [slurm_command(env, "sbatch"), "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "-t", "5",
              "--job-name=dsl-filler", "--output=/dev/null", "--chdir=/tmp",
              "--wrap", "sleep 300"],
             env={**os.environ, **env}, capture_output=True, text=True, check=True,
         ).stdout.strip().split(";")[0]
-        subprocess.run(["scancel", first], env={**os.environ, **env}, check=True)
+        subprocess.run([slurm_command(env, "scancel"), first], env={**os.environ, **env}, check=True)
         wait_until(lambda: squeue_state(env, first) in ("", "CANCELLED", "COMPLETED"), 60,
                    "the head to end")
         wait_until(lambda: squeue_state(env, filler) == "RUNNING", 120,
@@ -109,14 +111,14 @@ def test_a_killed_elector_blocks_the_next_caller_only_for_its_lease(env):
         elector.wait(30)
         submitted = _document(session)["allocation"]["job_id"]
         assert squeue_state(env, submitted) == "PENDING"
-        subprocess.run(["scancel", filler], env={**os.environ, **env}, check=True)
+        subprocess.run([slurm_command(env, "scancel"), filler], env={**os.environ, **env}, check=True)
         filler = None
         head = session.replace_head(timeout=180)
         assert head.job_id == submitted  # the dead elector's allocation, no second head
         assert _running(env, session) == [submitted]
     finally:
         if filler:
-            subprocess.run(["scancel", filler], env={**os.environ, **env}, check=False)
+            subprocess.run([slurm_command(env, "scancel"), filler], env={**os.environ, **env}, check=False)
         session.close(cancel=True)
 
 

@@ -66,6 +66,7 @@ def wait_for_first_line(slurm, path, timeout=60):
     raise AssertionError(f"{path} had no complete line within {timeout} s")
 
 
+@pytest.mark.release_subset
 def test_submit_runs_as_submitter_and_squeue_parses_a_two_node_job(slurm, job_dir, slurm_cluster):
     name = f"t2n-{uuid.uuid4().hex[:6]}"
     job = submit(
@@ -92,6 +93,7 @@ def test_submit_runs_as_submitter_and_squeue_parses_a_two_node_job(slurm, job_di
         slurm.scheduler().cancel(job_name=name)
 
 
+@pytest.mark.release_subset
 def test_sacct_final_state_and_metrics_after_the_job_left_squeue(slurm, job_dir):
     name = f"tacct-{uuid.uuid4().hex[:6]}"
     body = "python3 -c 'b = bytearray(200 * 1024 * 1024); import time; time.sleep(3)'; exit 3"
@@ -118,6 +120,7 @@ def test_finished_job_detected_from_status_file_when_accounting_is_off(slurm, jo
     assert final.terminal and final.exit_code == 7
 
 
+@pytest.mark.release_subset
 def test_cancelled_job_with_status_file_zero_is_cancelled_after_it_left_squeue(slurm, job_dir):
     """The status file says 0 (as after a drain), Slurm says CANCELLED: Slurm wins, also once
     squeue no longer lists the job."""
@@ -140,6 +143,7 @@ def test_cancelled_job_with_status_file_zero_is_cancelled_after_it_left_squeue(s
         slurm.scheduler().cancel(job_name=name)
 
 
+@pytest.mark.release_subset
 def test_test_only_for_a_runnable_and_an_unrunnable_candidate(slurm, job_dir):
     scheduler = slurm.scheduler()
     ok = scheduler.test_only(SbatchSpec(job_name="probe", script_path="/bin/true", partition="gpu",

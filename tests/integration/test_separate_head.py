@@ -16,6 +16,7 @@ from compute_support import RAY_PACKAGES, slurm_resource, wait_until
 from session_support import active_jobs
 
 from dagster_slurm import ComputeResource, RayLauncher, SlurmRunAllocationConfig
+from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -61,7 +62,7 @@ def env(slurm_cluster) -> dict[str, str]:
 
 def _squeue(env: dict[str, str], job_id: str) -> str:
     """``partition|CPUs|memory|GRES`` of a pending or running job, as squeue shows it."""
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%P|%C|%m|%b"],
+    return subprocess.run([slurm_command(env, "squeue"), "-h", "-j", job_id, "-o", "%P|%C|%m|%b"],
                           capture_output=True, text=True, check=True,
                           env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"}
                           ).stdout.strip()

@@ -17,6 +17,7 @@ from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import SlurmAllocationEnded, SlurmRunAllocationConfig
 from dagster_slurm.agent import write_file_op
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.session.session import RunSession
 
@@ -115,7 +116,7 @@ def test_cancelling_the_allocation_is_not_reported_as_a_drain(env):
         worker = threading.Thread(target=work)
         worker.start()
         wait_until(lambda: os.path.exists(f"{marks}/units"), 60, "the first unit")
-        subprocess.run(["scancel", allocation.job_id], check=True,
+        subprocess.run([slurm_command(env, "scancel"), allocation.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"]})
         worker.join(60)
         assert not worker.is_alive()

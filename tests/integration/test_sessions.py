@@ -45,6 +45,7 @@ from dagster_slurm import (
     SlurmStepFailed,
     build_slurm_orphan_reconcile_sensor,
 )
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.session.session import RunSession
 
@@ -191,7 +192,7 @@ def test_eight_processes_starting_at_once_submit_one_allocation(env):
     assert len(set(job_ids)) == 1 and not job_ids[0].startswith("error"), job_ids
     prefix = f"dsr-{run_id}"
     assert [row[0] for row in active_jobs(env, prefix)] == job_ids[:1]
-    subprocess.run(["scancel", f"--name={active_jobs(env, prefix)[0][1]}"], check=True,
+    subprocess.run([slurm_command(env, "scancel"), f"--name={active_jobs(env, prefix)[0][1]}"], check=True,
                    env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
     assert wait_until(lambda: accounted_jobs(env, prefix), 20) == job_ids[:1]
 
@@ -205,7 +206,7 @@ def test_shape_mismatch_fails_before_submission(env, tmp_path):
     assert "extra_slurm_opts" in text and "num_nodes" in text and "mem" not in text.split("(")[1].split(":")[0]
     assert "the run allocation has 1" in text
     assert not active_jobs(env, f"dsr-{result.run_id}")
-    assert not list(Path("/home/dslurm/dagster-slurm/sessions").glob(f"{result.run_id}*"))
+    assert not list(Path(env["SLURM_DEPLOYMENT_BASE_PATH"], "sessions").glob(f"{result.run_id}*"))
 
 
 def test_unschedulable_run_allocation_fails_with_the_reason_and_is_cancelled(env, tmp_path):
@@ -337,7 +338,7 @@ def _start_sleeping_run(env: dict[str, str], tmp_path: Path, **extra: str) -> tu
     assert running, "the run allocation never started"
     # the step has started once its invocation directory exists
     job_id = running[0][0]
-    assert wait_until(lambda: list(Path("/home/dslurm/dagster-slurm/sessions").glob(
+    assert wait_until(lambda: list(Path(env["SLURM_DEPLOYMENT_BASE_PATH"], "sessions").glob(
         f"*/jobs/{job_id}/steps/sleeper/*/stdout.log")), 60)
     assert time.monotonic() - before < 150
     return proc, running[0][1]
@@ -387,7 +388,7 @@ def test_allocation_cancels_itself_without_heartbeat(env, tmp_path):
     assert wait_until(lambda: not active_jobs(env, name), 60), active_jobs(env, name)
     took = time.monotonic() - killed_at
     assert SHORT_HEARTBEAT_LIMIT - 2 <= took <= 40, took
-    (marker,) = Path("/home/dslurm/dagster-slurm/sessions").glob(f"*/jobs/{job_id}/ended_by")
+    (marker,) = Path(env["SLURM_DEPLOYMENT_BASE_PATH"], "sessions").glob(f"*/jobs/{job_id}/ended_by")
     assert marker.read_text().strip() == "heartbeat"
 
 
@@ -428,7 +429,7 @@ def test_reconcile_prunes_sessions_closed_long_ago(env):
     from dagster_slurm.state.store import AgentStateStore
 
     slurm = slurm_resource(env)
-    root = Path("/home/dslurm/dagster-slurm/sessions")
+    root = Path(env["SLURM_DEPLOYMENT_BASE_PATH"], "sessions")
     try:
         names = {}
         for age, label in ((3600.0, "old"), (10.0, "recent")):
@@ -470,7 +471,7 @@ def test_lower_level_allocation_api(env):
         drained = session.execute_in_session(["touch", "/tmp/should-not-exist"], name="late")
         assert drained.drained and drained.drain_signal == "TERM" and drained.exit_code == 0
         assert not Path("/tmp/should-not-exist").exists()
-        subprocess.run(["scancel", allocation.job_id], check=True,
+        subprocess.run([slurm_command(env, "scancel"), allocation.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"})
         assert wait_until(lambda: not active_jobs(env, session.job_name), 30)
         with pytest.raises(SlurmAllocationEnded) as info:

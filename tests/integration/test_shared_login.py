@@ -22,6 +22,8 @@ from compute_support import (
     write_payload,
 )
 
+from dagster_slurm.devcluster.info import slurm_command
+
 pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "dagster_slurm.cli"]
@@ -126,7 +128,7 @@ def _release_and_cancel(env: dict[str, str], release: Path, runner: threading.Th
     release.write_text("")
     runner.join(120)
     if job_id:
-        subprocess.run(["scancel", job_id], env={"SLURM_CONF": env["SLURM_CONF"]}, check=False)
+        subprocess.run([slurm_command(env, "scancel"), job_id], env={"SLURM_CONF": env["SLURM_CONF"]}, check=False)
 
 
 def test_a_lost_login_fails_the_step_keeps_the_job_and_the_next_login_works(
@@ -180,13 +182,13 @@ def test_run_scope_a_lost_login_keeps_the_allocation_and_its_step(env, tmp_path,
 
         wait_until(holding, 180, "the payload to run in the allocation")
         (run,) = instance.get_runs()
-        names = subprocess.run(["squeue", "-h", "-o", "%i|%j|%T"], capture_output=True,
+        names = subprocess.run([slurm_command(env, "squeue"), "-h", "-o", "%i|%j|%T"], capture_output=True,
                                text=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
         (allocation,) = [line.split("|")[0] for line in names
                          if line.split("|")[1].startswith(f"dsr-{run.run_id}")]
         _logout_fails_the_step(env, runner, out)
         assert squeue_state(env, allocation) == "RUNNING", "the lost login ended the allocation"
-        steps = subprocess.run(["squeue", "-h", "-s", "-j", allocation, "-o", "%i"],
+        steps = subprocess.run([slurm_command(env, "squeue"), "-h", "-s", "-j", allocation, "-o", "%i"],
                                capture_output=True, text=True,
                                env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
         assert any(not step.endswith((".batch", ".extern")) for step in steps), (

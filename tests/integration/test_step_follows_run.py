@@ -22,6 +22,7 @@ from compute_support import (
 )
 
 from dagster_slurm import ComputeResource, SlurmRunAllocationConfig
+from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +69,7 @@ def _fail_run_when_reported(instance) -> str:
 
 
 def _squeue_ids(env, name_prefix: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True,
+    out = subprocess.run([slurm_command(env, "squeue"), "-h", "-o", "%i|%j"], capture_output=True, text=True,
                          check=True, env={"SLURM_CONF": env["SLURM_CONF"]}).stdout
     return [line.split("|")[0] for line in out.split() if line.split("|")[1].startswith(name_prefix)]
 
@@ -89,6 +90,7 @@ def test_asset_scope_step_cancels_its_job_when_its_run_failed(env, tmp_path):
     assert "FAILURE" in step_failure(result)
 
 
+@pytest.mark.release_subset
 def test_run_scope_step_cancels_its_step_and_teardown_its_allocation(env, tmp_path):
     payload = write_payload(tmp_path, "wait.py", PAYLOAD)
     instance = dg.DagsterInstance.ephemeral()

@@ -20,6 +20,7 @@ from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import SlurmAllocationEnded, SlurmRunAllocationConfig
 from dagster_slurm.agent import write_file_op
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.session.core.errors import SessionError
 from dagster_slurm.session.session import RunSession
@@ -56,6 +57,7 @@ def _units(marks: str) -> list[str]:
     return ["bash", "-c", script]
 
 
+@pytest.mark.release_subset
 def test_relay_drain_promote_and_continue_in_the_successor(env):
     slurm = slurm_resource(env)
     run_id = str(uuid.uuid4())
@@ -138,7 +140,7 @@ def test_a_fresh_session_promotes_a_successor_whose_predecessor_ended(env):
         predecessor = session.allocation
         successor = session.submit_successor()
         session.close(cancel=False)  # this process leaves; the session lives on
-        subprocess.run(["scancel", predecessor.job_id], check=True,
+        subprocess.run([slurm_command(env, "scancel"), predecessor.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"]})
         wait_until(lambda: squeue_state(env, successor.job_id) == "RUNNING", 60,
                     "the successor to run")

@@ -17,6 +17,7 @@ import pytest
 from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import SlurmRunAllocationConfig
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.launchers.bash import BashLauncher
 from dagster_slurm.session.session import RunSession
 
@@ -68,7 +69,7 @@ def test_a_successor_drained_before_promotion_stays_up_and_answers_its_steps_dra
         wait_until(lambda: "waiting for its promotion" in (_read(log) or ""), 30,
                    "the standby to stand by")
 
-        subprocess.run(["scancel", "--signal=TERM", "--batch", successor.job_id], check=True,
+        subprocess.run([slurm_command(env, "scancel"), "--signal=TERM", "--batch", successor.job_id], check=True,
                        env={"SLURM_CONF": env["SLURM_CONF"]})
         drained = session.paths.drained(successor.job_id)
         wait_until(lambda: _read(drained) == "TERM\n", 30,

@@ -23,6 +23,7 @@ from worker_support import ray_nodes, ray_run_session, read_text
 
 from dagster_slurm import SlurmWorkerAllocationConfig
 from dagster_slurm.agent import write_file_op
+from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -74,7 +75,7 @@ def _slurm_env(env: dict[str, str]) -> dict[str, str]:
 
 def _final_state(env: dict[str, str], job_id: str) -> str:
     """The job's final state in accounting ('' while accounting has not caught up)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+    out = subprocess.run([slurm_command(env, "sacct"), "-n", "-X", "-P", "-j", job_id, "-o", "State"],
                          capture_output=True, text=True, env=_slurm_env(env)).stdout.split()
     state = out[0] if out else ""
     return "" if state in ("", "PENDING", "RUNNING", "COMPLETING", "REQUEUED") else state
@@ -116,6 +117,7 @@ def gpu_worker(session):
     return worker, ids
 
 
+@pytest.mark.release_subset
 def test_a_worker_allocation_joins_and_offers_its_resources(session, gpu_worker):
     worker, ids = gpu_worker
     head = session.current_allocation()
@@ -178,7 +180,7 @@ def test_a_drain_lets_running_work_finish_and_ends_the_job_completed(env, sessio
     wait_until(lambda: os.path.exists(mark), 60, "the task on the worker node to start")
     session.io.write_files({session.paths.worker_drain(worker.job_id):
                             (f"deadline={int(time.time()) + 90}\n", 0o600)})
-    subprocess.run(["scancel", "--batch", "--signal=USR1", worker.job_id], check=True,
+    subprocess.run([slurm_command(env, "scancel"), "--batch", "--signal=USR1", worker.job_id], check=True,
                    env=_slurm_env(env))
     wait_until(lambda: read_text(session.paths.worker_state(worker.job_id)).strip() == "draining",
                20, "the worker allocation to drain")
@@ -204,7 +206,7 @@ def test_a_worker_without_a_head_releases_itself_after_rejoin_timeout(env, sessi
     head = session.current_allocation()
     assert head is not None
     head_job = head.job_id
-    subprocess.run(["scancel", head_job], check=True, env=_slurm_env(env))
+    subprocess.run([slurm_command(env, "scancel"), head_job], check=True, env=_slurm_env(env))
     wait_until(lambda: read_text(session.paths.worker_state(worker.job_id)).strip()
                == "released no_head", 90, "the worker allocation to release itself")
     wait_until(lambda: not squeue_state(env, worker.job_id), 30, "the worker job to end")

@@ -16,6 +16,7 @@ import pytest
 from compute_support import slurm_resource, squeue_state, wait_until
 
 from dagster_slurm import RayLauncher, SlurmRunAllocationConfig, SlurmWorkerAllocationConfig
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.session.scaling.estimates import SbatchTestOnlyEstimator
 from dagster_slurm.session.session import RunSession
 
@@ -44,7 +45,7 @@ def session(env):
 
 
 def _jobs_on(env: dict[str, str], partition: str) -> list[str]:
-    return subprocess.run(["squeue", "-h", "-p", partition, "-o", "%i"], capture_output=True,
+    return subprocess.run([slurm_command(env, "squeue"), "-h", "-p", partition, "-o", "%i"], capture_output=True,
                           text=True, check=True, env={**os.environ, **env}).stdout.split()
 
 
@@ -61,7 +62,7 @@ def test_an_idle_partition_starts_now_a_full_one_when_its_jobs_end(env, session)
     assert idle.error is None and idle.start_in_seconds == 0.0 and idle.starts_within(0)
     assert idle.partition == "gpu" and idle.nodes is not None and idle.time_limit_seconds == 1200
     filler = subprocess.run(
-        ["sbatch", "--parsable", "-p", "gpu", "-N", "2", "--exclusive", "-t", str(FILLER_MINUTES),
+        [slurm_command(env, "sbatch"), "--parsable", "-p", "gpu", "-N", "2", "--exclusive", "-t", str(FILLER_MINUTES),
          "--job-name=dsl-estimate-filler", "--output=/dev/null", "--chdir=/tmp",
          "--wrap", "sleep 600"],
         env={**os.environ, **env}, capture_output=True, text=True, check=True,
@@ -75,7 +76,7 @@ def test_an_idle_partition_starts_now_a_full_one_when_its_jobs_end(env, session)
         assert not busy.starts_within(60) and busy.starts_within(FILLER_MINUTES * 60 + 5)
         assert busy.time_limit_seconds == 600, "inherited from the head allocation"
     finally:
-        subprocess.run(["scancel", filler], env={**os.environ, **env}, check=False)
+        subprocess.run([slurm_command(env, "scancel"), filler], env={**os.environ, **env}, check=False)
 
 
 def test_rejected_candidates_carry_the_schedulers_message(session):

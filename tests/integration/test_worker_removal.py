@@ -23,6 +23,7 @@ from compute_support import wait_until
 from session_support import session_compute
 
 from dagster_slurm import ComputeResource
+from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.slurm.states import JobState
 
@@ -77,7 +78,7 @@ def env(slurm_cluster) -> dict[str, str]:
 
 def _sacct_state(env: dict[str, str], job_id: str) -> str:
     """The job's final state in accounting ('' while accounting has not caught up)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id],
+    out = subprocess.run([slurm_command(env, "sacct"), "-n", "-X", "-P", "-o", "State", "-j", job_id],
                          capture_output=True, text=True,
                          env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"}).stdout
     state = out.split()[0] if out.split() else ""

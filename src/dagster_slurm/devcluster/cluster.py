@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dagster_slurm.devcluster import accounts, certs, database, logins, otp, sites, sshd
+from dagster_slurm.devcluster import release as releases
 from dagster_slurm.devcluster.config import gpu_device_paths, render_all, write_if_changed
 from dagster_slurm.devcluster.daemons import (
     DAEMON_COMMS,
@@ -33,7 +34,12 @@ from dagster_slurm.devcluster.errors import (
     PortInUseError,
 )
 from dagster_slurm.devcluster.info import ClusterStatus, DaemonStatus, DevClusterInfo
-from dagster_slurm.devcluster.install import REQUIRED_PACKAGES, ensure_packages, install_hint
+from dagster_slurm.devcluster.install import (
+    REQUIRED_PACKAGES,
+    ROOT_BUILD_PACKAGES,
+    ensure_packages,
+    install_hint,
+)
 from dagster_slurm.devcluster.layout import (
     LOGIN_NODE,
     LOGIN_SITES,
@@ -82,9 +88,11 @@ class DevCluster:
         progress: Progress | None = None,
         login_sites: Iterable[str] | None = None,
         login_nodes: int | None = None,
+        slurm_release: str | None = None,
     ) -> None:
         self.settings: Settings = resolve_settings(
-            state_dir, ssh_port, user, ssh_listen, login_sites, login_nodes=login_nodes
+            state_dir, ssh_port, user, ssh_listen, login_sites, login_nodes=login_nodes,
+            slurm_release=slurm_release,
         )
         self.paths = self.settings.paths
         self.probes = ClusterProbes(self.settings)
@@ -131,9 +139,21 @@ class DevCluster:
         """
         require_root()
         started = time.monotonic()
+        root = self.settings.slurm_root
+        if root is not None and self.settings.login_sites:
+            raise DevClusterError(
+                f"login sites run only with the machine's own Slurm release, not with "
+                f"{self.settings.slurm_release} (choose --login-sites none)"
+            )
         with self._step("packages"):
-            installed = ensure_packages(self._progress)
+            required = {**REQUIRED_PACKAGES, **(ROOT_BUILD_PACKAGES if root else {})}
+            installed = ensure_packages(self._progress, required)
             self._note("installed " + " ".join(installed) if installed else "all present")
+        if root is not None:
+            with self._step("slurm root"):
+                suite = releases.release_suite(self.settings.slurm_release)
+                self._note(releases.ensure_root(root, suite, self._progress))
+                self._note(f"slurm-wlm {releases.slurm_version(root)}")
         self.paths.root.mkdir(parents=True, exist_ok=True)
         with self.store.locked():
             with self._step("configuration"):
@@ -197,8 +217,28 @@ class DevCluster:
         sshd.ensure_privsep_dir()
         self._plan, changed_sites = sites.prepare_sites(self.settings)
         changed += changed_sites
+        changed += self._write_client_wrappers()
         record_settings(self.settings)
         return "rewrote " + ", ".join(changed) if changed else "unchanged"
+
+    def _write_client_wrappers(self) -> list[str]:
+        """With another Slurm release: ``bin/<command>`` runs that release's client command
+        from its root (removed again for the machine's own release)."""
+        directory = self.paths.client_bin
+        root = self.settings.slurm_root
+        if root is None:
+            if directory.exists():
+                shutil.rmtree(directory)
+            return []
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o755)
+        changed = []
+        for command in releases.CLIENT_COMMANDS:
+            argv = self.settings.slurm_side((f"/usr/bin/{command}",))
+            text = releases.client_script(command, self.settings.slurm_release, root, argv)
+            if write_if_changed(directory / command, text, 0o755):
+                changed.append(f"bin/{command}")
+        return changed[:1] + ([f"and {len(changed) - 1} more"] if len(changed) > 1 else [])
 
     def _ensure(self, spec: DaemonSpec) -> str:
         """Reuse, restart or start one daemon; return what was done."""

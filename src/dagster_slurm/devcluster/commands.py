@@ -20,6 +20,7 @@ from dagster_slurm.devcluster.layout import (
     USER_ENV,
     parse_login_sites,
 )
+from dagster_slurm.devcluster.release import RELEASE_ENV, SUITES
 from dagster_slurm.transport.certificates import shown_time
 
 
@@ -36,6 +37,7 @@ def _cluster(args: argparse.Namespace, progress: bool = True) -> DevCluster:
         progress=_progress if progress else None,
         login_sites=getattr(args, "login_sites", None),
         login_nodes=getattr(args, "login_nodes", None),
+        slurm_release=getattr(args, "slurm_release", None),
     )
 
 
@@ -199,6 +201,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "login1, login2, ... (own hostname, /tmp and process table, shared /home) and the "
         "SSH port sends each connection to the next one in turn, like a site's alias. "
         f"Env {LOGIN_NODES_ENV}; default: what the last up ran, else 1",
+    )
+    up.add_argument(
+        "--slurm-release",
+        default=None,
+        metavar="RELEASE",
+        help=f"Slurm release of the daemons, the login node and the client commands: "
+        f"{', '.join(SUITES)} or native (the machine's own packages). Another release than "
+        "the machine's runs from a Debian root of the suite that packages it, built once "
+        f"into /var/cache/dagster-slurm/roots. Env {RELEASE_ENV}; default: what the last "
+        "up ran, else native",
     )
     up.set_defaults(handler=_up)
     down = actions.add_parser(

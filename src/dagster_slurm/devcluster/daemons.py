@@ -218,7 +218,7 @@ def _slurmdbd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="slurmdbd",
         comm="slurmdbd",
-        argv=(executable("slurmdbd"),),
+        argv=settings.slurm_side((executable("slurmdbd"),)),
         pid_file=paths.pid_file("slurmdbd"),
         logs=(paths.log_file("slurmdbd"), paths.output_file("slurmdbd")),
         config_files=(paths.slurmdbd_conf,),
@@ -233,7 +233,7 @@ def _slurmctld(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
     return DaemonSpec(
         name="slurmctld",
         comm="slurmctld",
-        argv=(executable("slurmctld"), "-f", str(paths.slurm_conf)),
+        argv=settings.slurm_side((executable("slurmctld"), "-f", str(paths.slurm_conf))),
         pid_file=paths.pid_file("slurmctld"),
         logs=(paths.log_file("slurmctld"), paths.output_file("slurmctld")),
         config_files=(paths.slurm_conf, paths.gres_conf),
@@ -252,7 +252,8 @@ def _slurmd(settings: Settings, probes: ClusterProbes, node: Node) -> DaemonSpec
         argv=in_node_namespace(
             settings,
             node.name,
-            (executable("slurmd"), "-D", "-f", str(paths.slurm_conf), "-N", node.name),
+            settings.slurm_side((executable("slurmd"), "-D", "-f", str(paths.slurm_conf),
+                                  "-N", node.name), in_node=True),
             pid_file=paths.pid_file(node.daemon),
         ),
         pid_file=paths.pid_file(node.daemon),
@@ -274,7 +275,8 @@ def _sshd(settings: Settings, probes: ClusterProbes) -> DaemonSpec:
         argv=in_node_namespace(
             settings,
             LOGIN_NODE,
-            (executable("sshd"), "-f", str(paths.sshd_config), "-E", str(paths.log_file("sshd"))),
+            settings.slurm_side((executable("sshd"), "-f", str(paths.sshd_config),
+                                  "-E", str(paths.log_file("sshd"))), in_node=True),
         ),
         pid_file=paths.pid_file("sshd"),
         logs=(paths.log_file("sshd"), paths.output_file("sshd")),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,18 @@ class LoginSiteInfo:
     host: str
     port: int
     log_path: Path
+
+
+#: With another Slurm release than the machine's: the directory of the wrappers that run
+#: its client commands (``squeue``...) on this machine.
+CLIENT_BIN_ENV = "DAGSTER_SLURM_DEV_CLIENT_BIN"
+
+
+def slurm_command(env: Mapping[str, str], name: str) -> str:
+    """Slurm client command ``name`` for a cluster whose variables are ``env`` (its
+    :meth:`DevClusterInfo.env`): the release's wrapper when it has one, else ``name``."""
+    directory = env.get(CLIENT_BIN_ENV)
+    return str(Path(directory) / name) if directory else name
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,8 @@ class DevClusterInfo:
     login_sites: tuple[LoginSiteInfo, ...] = ()
     cert_key_path: Path | None = None
     login_nodes: tuple[LoginNodeInfo, ...] = ()
+    slurm_release: str = ""
+    client_bin: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DevClusterInfo:
@@ -97,6 +112,8 @@ class DevClusterInfo:
                 LoginNodeInfo(node.name, node.address, node.port)
                 for node in login_nodes(settings)
             ),
+            slurm_release=settings.slurm_release,
+            client_bin=paths.client_bin if settings.slurm_root is not None else None,
         )
 
     def site(self, name: str) -> LoginSiteInfo:
@@ -136,7 +153,13 @@ class DevClusterInfo:
             "SLURM_GPU_PARTITION": self.gpu_partition,
             "SLURM_CONF": str(self.slurm_conf),
             **self.site_env(),
+            **({CLIENT_BIN_ENV: str(self.client_bin)} if self.client_bin else {}),
         }
+
+    def slurm_command(self, name: str) -> str:
+        """The program to run for Slurm client command ``name`` on this machine: the
+        wrapper of the cluster's Slurm release (root only), else ``name`` itself."""
+        return slurm_command(self.env(), name)
 
     def site_env(self) -> dict[str, str]:
         """``DAGSTER_SLURM_DEV_<SITE>_PORT`` and ``_LOG`` of each login site, and
@@ -157,7 +180,10 @@ class DevClusterInfo:
 
     def export_lines(self) -> list[str]:
         """``export NAME=value`` lines for a POSIX shell, values quoted."""
-        return [f"export {name}={shlex.quote(value)}" for name, value in self.env().items()]
+        lines = [f"export {name}={shlex.quote(value)}" for name, value in self.env().items()]
+        if self.client_bin is not None:
+            lines.append(f'export PATH={shlex.quote(str(self.client_bin))}:"$PATH"')
+        return lines
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,15 @@ def _dpkg_installed(package: str) -> bool:
     return proc.returncode == 0 and proc.stdout.strip() == "install ok installed"
 
 
-def missing_packages() -> list[str]:
-    """Packages of :data:`REQUIRED_PACKAGES` that are not installed, in table order."""
+#: Needed besides :data:`REQUIRED_PACKAGES` to build the root of another Slurm release.
+ROOT_BUILD_PACKAGES: dict[str, tuple[str, ...]] = {"debootstrap": ("debootstrap",)}
+
+
+def missing_packages(required: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """Packages of ``required`` (default :data:`REQUIRED_PACKAGES`) that are not installed,
+    in table order."""
     missing = []
-    for package, programs in REQUIRED_PACKAGES.items():
+    for package, programs in (required or REQUIRED_PACKAGES).items():
         present = all(map(_program_present, programs)) if programs else _dpkg_installed(package)
         if not present:
             missing.append(package)
@@ -76,13 +81,16 @@ def install_hint() -> str:
     return "apt-get install -y --no-install-recommends " + " ".join(REQUIRED_PACKAGES)
 
 
-def ensure_packages(progress: Callable[[str], None] = lambda _msg: None) -> list[str]:
+def ensure_packages(
+    progress: Callable[[str], None] = lambda _msg: None,
+    required: dict[str, tuple[str, ...]] | None = None,
+) -> list[str]:
     """Install missing packages with apt; return the ones that were installed.
 
     Raises :class:`InstallError` when apt is not available or fails, or when packages are
     still missing afterwards.
     """
-    missing = missing_packages()
+    missing = missing_packages(required)
     if not missing:
         return []
     apt_get = shutil.which("apt-get", path=SYSTEM_PATH)
@@ -103,7 +111,7 @@ def ensure_packages(progress: Callable[[str], None] = lambda _msg: None) -> list
     finally:
         if added_policy:
             _POLICY_RC.unlink(missing_ok=True)
-    still = missing_packages()
+    still = missing_packages(required)
     if still:
         raise InstallError(f"packages still missing after apt-get install: {still}")
     return missing

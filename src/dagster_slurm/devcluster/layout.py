@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dagster_slurm.devcluster import release as releases
 from dagster_slurm.devcluster.errors import DevClusterError
 
 #: Environment variable that overrides the default state directory.
@@ -36,6 +37,12 @@ PORT_OFFSET_ENV = "DAGSTER_SLURM_DEV_PORT_OFFSET"
 LOGIN_NODES_ENV = "DAGSTER_SLURM_DEV_LOGIN_NODES"
 #: Most login nodes ``up`` runs (their addresses are 127.0.1.101 and up).
 MAX_LOGIN_NODES = 4
+#: Environment variables naming pre-deployed payload environments (a venv each) that jobs
+#: of a cluster running another Slurm release need from the machine (see
+#: :func:`dagster_slurm.devcluster.release.payload_paths`).
+PAYLOAD_ENV_VARS: tuple[str, ...] = (
+    "DAGSTER_SLURM_TEST_ENV_PATH", "DAGSTER_SLURM_TEST_RAY_ENV_PATH",
+)
 
 DEFAULT_STATE_DIR = Path("/tmp/dslurm")
 DEFAULT_SSH_PORT = 2222
@@ -143,11 +150,15 @@ class Settings:
 
     ``state_dir`` holds all configuration, logs, pid files, spool and database data;
     ``ssh_port`` is the port of the login node's sshd; ``port_offset`` is added to every
-    daemon's port (:data:`PORTS`; 0 for the first cluster of a machine); ``user`` is the non-root account
-    jobs are submitted as over SSH; ``ssh_listen`` the address sshd binds (loopback
-    unless the cluster runs in a container that publishes the port); ``login_sites`` the
-    extra login sites to run (names of :data:`LOGIN_SITES`); ``login_nodes`` how many login
-    nodes answer on the SSH port (see :mod:`dagster_slurm.devcluster.logins`).
+    daemon's port (:data:`PORTS`; 0 for the first cluster of a machine); ``user`` is the
+    non-root account jobs are submitted as over SSH; ``ssh_listen`` the address sshd binds
+    (loopback unless the cluster runs in a container that publishes the port);
+    ``login_sites`` the extra login sites to run (names of :data:`LOGIN_SITES`);
+    ``login_nodes`` how many login nodes answer on the SSH port (see
+    :mod:`dagster_slurm.devcluster.logins`); ``slurm_release`` the Slurm
+    release chosen (empty: the machine's own), ``slurm_root`` the root its daemons and
+    commands run from (None: the machine's own packages), ``payload_paths`` directories
+    of the machine that jobs in that root see read-only (payload environments).
     """
 
     state_dir: Path = DEFAULT_STATE_DIR
@@ -157,6 +168,19 @@ class Settings:
     login_sites: tuple[str, ...] = ()
     port_offset: int = 0
     login_nodes: int = 1
+    slurm_release: str = ""
+    slurm_root: Path | None = None
+    payload_paths: tuple[str, ...] = ()
+
+    @property
+    def root_mounts(self) -> list[str]:
+        """What every process of the cluster in :attr:`slurm_root` sees of the machine."""
+        return releases.root_mounts(self.state_dir, self.payload_paths)
+
+    def slurm_side(self, argv: Iterable[str], in_node: bool = False) -> tuple[str, ...]:
+        """``argv`` of a program of this cluster's Slurm release (see
+        :func:`dagster_slurm.devcluster.release.slurm_side`)."""
+        return releases.slurm_side(self.slurm_root, self.root_mounts, tuple(argv), in_node)
 
     def port(self, daemon: str) -> int:
         """TCP port of ``daemon`` (a key of :data:`PORTS`) in this cluster."""
@@ -201,12 +225,15 @@ def resolve_settings(
     login_sites: Iterable[str] | None = None,
     port_offset: int | None = None,
     login_nodes: int | None = None,
+    slurm_release: str | None = None,
 ) -> Settings:
     """Combine explicit values, environment variables and the values ``up`` recorded.
 
     Precedence per value: explicit argument, then environment variable, then what the
-    last ``up`` recorded in the state directory, then the default (no login sites).
-    Raises :class:`DevClusterError` for an unknown site name.
+    last ``up`` recorded in the state directory, then the default (no login sites, the
+    machine's own Slurm release). Payload paths come from :data:`PAYLOAD_ENV_VARS` when
+    any is set, else from the record. Raises :class:`DevClusterError` for an unknown site
+    name or Slurm release.
     """
     root = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
     recorded = _read_recorded(Paths(root).settings_file)
@@ -233,6 +260,13 @@ def resolve_settings(
         chosen_sites = parse_login_sites(sites)
     except ValueError as exc:
         raise DevClusterError(f"{source}: {exc}") from None
+    release_text = slurm_release if slurm_release is not None else (
+        os.environ.get(releases.RELEASE_ENV) or recorded.get("slurm_release"))
+    release = releases.parse_release(str(release_text or ""))
+    payload = releases.payload_paths(os.environ, PAYLOAD_ENV_VARS)
+    if not payload:
+        recorded_payload = recorded.get("payload_paths")
+        payload = tuple(map(str, recorded_payload)) if isinstance(recorded_payload, list) else ()
     return Settings(
         login_nodes=_login_node_count(login_nodes, recorded),
         state_dir=root.absolute(),
@@ -241,6 +275,9 @@ def resolve_settings(
         ssh_listen=str(listen or LOOPBACK),
         login_sites=chosen_sites,
         port_offset=offset,
+        slurm_release=release,
+        slurm_root=releases.root_for(release, releases.host_suite()),
+        payload_paths=payload,
     )
 
 
@@ -253,6 +290,8 @@ def record_settings(settings: Settings) -> None:
         "login_sites": list(settings.login_sites),
         "port_offset": settings.port_offset,
         "login_nodes": settings.login_nodes,
+        "slurm_release": settings.slurm_release,
+        "payload_paths": list(settings.payload_paths),
     }
     path = settings.paths.settings_file
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,6 +465,11 @@ class Paths:
     @property
     def known_hosts(self) -> Path:
         return self.ssh / "known_hosts"
+
+    @property
+    def client_bin(self) -> Path:
+        """Wrappers of the Slurm client commands (only with another Slurm release)."""
+        return self.root / "bin"
 
     @property
     def records(self) -> Path:

@@ -82,8 +82,8 @@ class ClusterProbes:
         self.env = daemon_env({"SLURM_CONF": str(self.paths.slurm_conf)})
 
     def slurm(self, *argv: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command against this cluster."""
-        return run(argv, self.env, timeout=timeout)
+        """Run a Slurm client command against this cluster (of its Slurm release)."""
+        return run(self.settings.slurm_side(argv), self.env, timeout=timeout)
 
     def munge(self) -> bool:
         """A credential encoded and decoded through the cluster's own munged socket."""
