@@ -1,36 +1,27 @@
 """The Slurm release, learnt in a connection's first round trip, picks the commands:
-against the dev cluster (22.05) and, when it is up, the 24.11 release cluster."""
+against the dev cluster of the machine's release, and (marked release_subset) against the
+second release's cluster that scripts/test.sh brings up after the main run."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from dagster_slurm import SlurmResource
 from dagster_slurm.agent import exec_op
-from dagster_slurm.devcluster import DevCluster
 from dagster_slurm.slurm import JobState, SbatchSpec
 from dagster_slurm.slurm.version import SlurmFeature, parse_slurm_version
 
-pytestmark = pytest.mark.integration
-
-#: Written by whoever brought the release cluster up; it holds the cluster's state directory.
-RELEASE_READY = Path("/tmp/release-2411-ready")
+pytestmark = [pytest.mark.integration, pytest.mark.release_subset]
 
 
-@pytest.fixture(params=["dev", "24.11"])
-def slurm(request: pytest.FixtureRequest) -> SlurmResource:
-    if request.param == "dev":
-        env = request.getfixturevalue("slurm_cluster").env()
-    else:
-        if not RELEASE_READY.is_file():
-            pytest.skip("the 24.11 release cluster is not up")
-        state_dir = Path(RELEASE_READY.read_text().strip() or "/tmp/dslurm-2411")
-        env = DevCluster(state_dir=state_dir).info().env()
-    resource = SlurmResource.from_env(environ=env)
+@pytest.fixture
+def slurm(slurm_cluster) -> SlurmResource:
+    """The library's resource on the cluster under test (the second release's in the
+    release_subset pass of scripts/test.sh)."""
+    resource = SlurmResource.from_env(environ=slurm_cluster.env())
     yield resource
     resource.close()
 
