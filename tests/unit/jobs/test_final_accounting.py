@@ -319,10 +319,10 @@ def test_a_failing_sacct_is_not_final_and_its_message_is_kept(tmp_path, scripted
 
 # -- run scope -----------------------------------------------------------------------------
 
-def test_step_metrics_wait_for_the_step_line_and_never_report_running(
-    tmp_path, scripted_sacct, caplog
-) -> None:
-    from dagster_slurm.session.frontend.runner import STEP_ID_FILE, step_metrics
+def _step_of_allocation_7(tmp_path):
+    """A scheduler on the local agent, and step 0 of allocation 7 as ``step_metrics`` sees
+    them: its recorded step id file and the allocation."""
+    from dagster_slurm.session.frontend.runner import STEP_ID_FILE
 
     transport = LocalTransport(default_timeout=60)
     scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))
@@ -331,6 +331,15 @@ def test_step_metrics_wait_for_the_step_line_and_never_report_running(
     (job_dir / STEP_ID_FILE).write_text("0\n")
     paths = SimpleNamespace(file=lambda name: str(job_dir / name))
     allocation = SimpleNamespace(scheduler=scheduler, job_id="7", head="c1")
+    return scheduler, paths, allocation
+
+
+def test_step_metrics_wait_for_the_step_line_and_never_report_running(
+    tmp_path, scripted_sacct, caplog
+) -> None:
+    from dagster_slurm.session.frontend.runner import step_metrics
+
+    scheduler, paths, allocation = _step_of_allocation_7(tmp_path)
     step_running = RUNNING + "\n7.0|step|RUNNING|0:0|00:00:02|2||00:00:00|1|c1|1|" \
                              "2026-12-01T10:00:00|Unknown"
     step_done = RUNNING + "\n7.0|step|COMPLETED|0:0|00:00:03|3|10240K|00:00:01|1|c1|1|" \
@@ -413,15 +422,9 @@ def test_a_status_poll_carries_one_accounting_probe_a_minute(tmp_path, scripted_
 def test_a_run_scope_step_does_not_wait_for_accounting_away_and_the_run_is_told_once(
     tmp_path, scripted_sacct, caplog
 ) -> None:
-    from dagster_slurm.session.frontend.runner import STEP_ID_FILE, step_metrics
+    from dagster_slurm.session.frontend.runner import step_metrics
 
-    transport = LocalTransport(default_timeout=60)
-    scheduler = SlurmScheduler(AgentClient(transport, str(tmp_path / "base"), python=sys.executable))
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    (job_dir / STEP_ID_FILE).write_text("0\n")
-    paths = SimpleNamespace(file=lambda name: str(job_dir / name))
-    allocation = SimpleNamespace(scheduler=scheduler, job_id="7", head="c1")
+    scheduler, paths, allocation = _step_of_allocation_7(tmp_path)
     scripted_sacct(*([None] * 5))
     started = scheduler.now()
     told: list[str] = []
