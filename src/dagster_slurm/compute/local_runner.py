@@ -131,7 +131,7 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
         plan = ExecutionPlan(
             payload=job.payload.argv, job_dir=paths.job_dir, status_file=paths.status,
             drain_file=paths.drain, mode="local", pid_file=paths.pid,
-            env={**_current_environment_path(), **pipes.get_bootstrap_env_vars(), **job.request.extra_env},
+            env={**current_environment_path(), **pipes.get_bootstrap_env_vars(), **job.request.extra_env},
             activation=self.activation,
         )
         with open(paths.script, "w") as handle:
@@ -190,7 +190,7 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
             pipes, metadata=invocation_metadata(metrics, job.request.published_metrics))
 
 
-def _current_environment_path() -> dict[str, str]:
+def current_environment_path() -> dict[str, str]:
     """PATH with this interpreter's ``bin`` first: local payloads (and tools such as ``ray``)
     run in the Python environment Dagster runs in, activated or not."""
     bin_dir = os.path.dirname(sys.executable)

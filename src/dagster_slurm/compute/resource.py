@@ -30,6 +30,7 @@ from dagster_slurm.compute.hetjob import (
     local_component_env,
 )
 from dagster_slurm.compute.options import sbatch_overrides, validate_extras
+from dagster_slurm.compute.partitioned import check_array_arguments, run_partitions
 from dagster_slurm.compute.pipes_client import ComputePipesClient
 from dagster_slurm.compute.published_fields import WITHDRAWN_FIELDS, published_mode
 from dagster_slurm.compute.published_run import published_run, refuse_published_hetjob
@@ -37,8 +38,10 @@ from dagster_slurm.compute.run_config import SlurmRunConfig
 from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, WithdrawnField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
+from dagster_slurm.jobs.array_tasks import ArrayInvocation
 from dagster_slurm.jobs.contexts import ExecutionContext, op_context
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL
+from dagster_slurm.jobs.partitions import run_partition_keys
 from dagster_slurm.jobs.pending import DEFAULT_FATAL_REASONS, PendingPolicy
 from dagster_slurm.jobs.run_log import step_log_relay
 from dagster_slurm.jobs.runner import JobRequest, PipesJobRunner
@@ -260,8 +263,10 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         extra_slurm_opts: Mapping[str, Any] | None = None,
         defer_cleanup: bool = False,
         config: SlurmRunConfig | None = None,
+        array_parallelism: int | None = None,
+        array_retries: int = 0,
         **published: Any,
-    ) -> PipesClientCompletedInvocation:
+    ) -> PipesClientCompletedInvocation | ArrayInvocation:
         """Run ``payload_path`` for the current step and return the Pipes invocation.
 
         ``context``: the context Dagster passed to the asset, multi-asset, asset check or
@@ -282,6 +287,13 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         published package's call form (``slurm_metrics``, ...), supported or refused naming
         the replacement (:mod:`dagster_slurm.compute.published_run`). Raises a
         :class:`~dagster_slurm.jobs.errors.SlurmJobError` subclass when the job fails.
+
+        A step over several partition keys (a single-run backfill) runs the payload once per
+        key, as one job array (slurm mode) or a pool of processes (local), at most
+        ``array_parallelism`` at once (None: the queue's ``array_parallelism``, locally the
+        CPU count), resubmitting failed keys up to ``array_retries`` times; it returns an
+        :class:`~dagster_slurm.jobs.array_tasks.ArrayInvocation` and raises
+        :class:`~dagster_slurm.jobs.array_tasks.SlurmArrayTasksFailed` (docs/arrays.md).
         """
         # -- validation: every argument, before anything is submitted or started --------
         call = published_run(published, mode=self.mode, payload_path=payload_path,
@@ -304,9 +316,15 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
         op = op_context(context)  # the step's OpExecutionContext, whatever type it was given
         env_path = self._asset_environment(op)
         session = self._check_scope(op, launcher, overrides, extra_slurm_opts)
+        parallelism, retries = check_array_arguments(array_parallelism, array_retries)
         request = JobRequest(payload_path, launcher, env, extras, overrides, defer_cleanup,
                              call.published_metrics)
         # -- dispatch ------------------------------------------------------------------------
+        keys = run_partition_keys(op)
+        if keys is not None:
+            return run_partitions(
+                self, op, request, keys, parallelism, retries, pending=self._pending_policy(),
+                prepare_env=lambda ctx: self._prepare_environment(ctx, env_path))
         return self._runner(session, env_path).run(op, request)
 
     def run_hetjob(
@@ -376,29 +394,10 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     def _check_scope(self, context: OpExecutionContext, launcher: ComputeLauncher,
                      overrides: Mapping[str, Any],
                      extra_slurm_opts: Mapping[str, Any] | None) -> RunSession | None:
-        """Check the per-step scheduler overrides against the queue (and, in run scope,
-        against the run allocation's shape); the same checks in local mode, so an asset
-        that passes locally submits. Returns the run's session in slurm mode with run scope
-        (created, not started), else None."""
-        run_scope = self.allocation_scope is SlurmAllocationScope.RUN
-        if self.mode == "slurm" and run_scope:
-            from dagster_slurm.session.frontend.runner import check_step
+        """:func:`~dagster_slurm.compute.scope.check_scope` for this resource."""
+        from dagster_slurm.compute.scope import check_scope
 
-            session = self.get_run_allocation_session(context, start=False)
-            check_step(session, launcher, overrides, extra_slurm_opts)
-            return session
-        if self.mode == "slurm":
-            return None  # SlurmRunner builds (and so checks) the job's sbatch spec first
-        from dagster_slurm.slurm.queue import SlurmQueueConfig
-
-        queue = self.slurm.queue if self.slurm is not None else SlurmQueueConfig()
-        queue.to_sbatch_spec("local-check", "/dev/null", **overrides)
-        if run_scope:
-            from dagster_slurm.session.core.config import check_shape
-
-            check_shape(self.run_allocation or SlurmRunAllocationConfig(), queue, overrides,
-                        extra_slurm_opts)
-        return None
+        return check_scope(self, context, launcher, overrides, extra_slurm_opts)
 
     def _runner(self, session: RunSession | None, env_path: str | None = None) -> PipesJobRunner:
         """The runner for this mode and scope (``session``: the run's, in run scope;

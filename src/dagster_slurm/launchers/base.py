@@ -203,6 +203,11 @@ class ExecutionPlan:
     restarted job does not start the payload and ends with
     :data:`~dagster_slurm.protocol.REQUEUED_STATUS`; True: it says on stderr which start it
     is before the payload starts again."""
+    array_tasks_file: str | None = None
+    """A partitioned run's job array: the file with one line per task index (see
+    :mod:`dagster_slurm.jobs.array_files`); the script then works in its task's directory
+    below ``<job_dir>/tasks/`` (status, drain and pid files there) with the task's Pipes
+    variables and ``DAGSTER_SLURM_PARTITION_KEY``. None: an ordinary job."""
 
     def __post_init__(self) -> None:
         payload = self.payload
@@ -220,7 +225,7 @@ class ExecutionPlan:
         check_arguments("payload", payload, shown=payload)
         for name in ("job_dir", "status_file", "drain_file"):
             validate_absolute_path(name, getattr(self, name))
-        for name in ("activation", "pid_file", "heartbeat_file"):
+        for name in ("activation", "pid_file", "heartbeat_file", "array_tasks_file"):
             if getattr(self, name) is not None:
                 validate_absolute_path(name, getattr(self, name))
         if self.mode not in EXECUTION_MODES:

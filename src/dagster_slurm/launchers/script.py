@@ -186,5 +186,6 @@ def render_prologue(plan: ExecutionPlan, *, launcher: str) -> str:
             "heartbeat_file": plan.heartbeat_file or "",
             "heartbeat_timeout": plan.heartbeat_seconds,
             "restart_allowed": "1" if plan.restart_allowed else "",
+            "array_tasks": plan.array_tasks_file or "",
         },
     )

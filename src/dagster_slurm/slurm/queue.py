@@ -106,6 +106,14 @@ class SlurmQueueConfig(Config, KnownFieldsOnly):
             "payload starts again. Run allocations are never requeued."
         ),
     )
+    array_parallelism: int | None = Field(
+        default=None,
+        description=(
+            "A run over several partition keys runs as a job array: at most this many of "
+            "its tasks run at once (Slurm's --array=...%N). None: as many as the scheduler "
+            "starts. compute.run(array_parallelism=...) overrides it per call."
+        ),
+    )
     extra_sbatch_directives: list[str] = Field(
         default_factory=list,
         description=(
@@ -120,6 +128,13 @@ class SlurmQueueConfig(Config, KnownFieldsOnly):
         if value is None or (info.field_name == "partition" and value == ""):
             return None
         return validate_slurm_name(str(info.field_name), value)
+
+    @field_validator("array_parallelism")
+    @classmethod
+    def _check_parallelism(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"array_parallelism={value!r}: must be at least 1, or None")
+        return value
 
     @field_validator("num_nodes", "cpus")
     @classmethod

@@ -66,6 +66,7 @@ def op_exec(params: dict, ctx: OpContext) -> dict:
 def op_tail(params: dict, ctx: OpContext) -> dict:
     """``tail``: ``files`` = [{path, offset, max_bytes}] → one entry per file, in order.
 
+    A negative ``offset`` counts from the end of the file (the last ``-offset`` bytes).
     Entry fields: ``path``, ``exists``, ``size`` (None if missing), ``offset`` (where the next
     read starts), ``data`` (base64), ``eof`` (the returned data reaches the observed size),
     ``truncated`` (the file is shorter than the requested offset) and ``error`` if reading
@@ -96,6 +97,9 @@ def _tail_one(spec: object) -> dict:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             entry.update(exists=True, size=size)
+            if offset < 0:  # counted from the end: the last -offset bytes
+                offset = max(0, size + offset)
+                entry["offset"] = offset
             if offset > size:
                 entry["truncated"] = True
                 return entry

@@ -26,7 +26,13 @@
 #     the ended_by file next to the status file and says why on stderr; the cancellation
 #     then reaches this script as TERM, so the status is 143 (128+15) as for any scancel.
 #     The watchdog is stopped when this script leaves and stops by itself within 2 s
-#     should the script be gone.
+#     should the script be gone. In a task of a job array it cancels the whole array;
+#   * with an array tasks file (a partitioned run as a job array), the line of this task
+#     (SLURM_ARRAY_TASK_ID + 1: task directory name, partition key in base64, the Pipes
+#     context and messages parameters, tab separated) moves the job directory, and with it
+#     the status, drain and pid files, to <job dir>/tasks/<task directory name>, and exports
+#     DAGSTER_SLURM_PARTITION_KEY (the key verbatim) and the task's Pipes variables; the
+#     task's output goes to stdout.log and stderr.log there.
 set -u
 
 __ds_job_dir='/tmp/it'"'"'s a "dir"'
@@ -52,6 +58,7 @@ __ds_heartbeat_timeout=''
 __ds_restart_allowed=''
 __ds_requeued_status=118
 __ds_requeue_refusal='the payload is not started again'
+__ds_array_tasks=''
 
 __ds_payload_pid=""
 __ds_pending=""
@@ -154,7 +161,8 @@ __ds_watchdog() {
                 "cancelling job ${SLURM_JOB_ID:-}"
             __ds_write_atomic "$__ds_job_dir/ended_by" "heartbeat" \
                 || __ds_log "cannot write $__ds_job_dir/ended_by"
-            scancel "${SLURM_JOB_ID:?}" || __ds_log "scancel of job $SLURM_JOB_ID failed"
+            scancel "${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:?}}" \
+                || __ds_log "scancel of job ${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID} failed"
             exit 0
         fi
         sleep 2 &
@@ -295,6 +303,36 @@ trap __ds_on_exit EXIT
 for __ds_sig in TERM INT HUP "$__ds_drain_signal"; do
     trap "__ds_on_signal $__ds_sig" "$__ds_sig"
 done
+
+if [ -n "$__ds_array_tasks" ]; then
+    __ds_task_index=${SLURM_ARRAY_TASK_ID:-}
+    case "$__ds_task_index" in
+        ''|*[!0-9]*) __ds_log "not a task of a job array (SLURM_ARRAY_TASK_ID is not set)"
+                     exit 125 ;;
+    esac
+    __ds_task_line=$(sed -n "$((__ds_task_index + 1))p" -- "$__ds_array_tasks")
+    IFS=$'\t' read -r __ds_task_name __ds_task_key __ds_task_context __ds_task_messages \
+        <<<"$__ds_task_line"
+    if [ -z "${__ds_task_messages:-}" ]; then
+        __ds_log "no line for array task $__ds_task_index in $__ds_array_tasks"
+        exit 125
+    fi
+    __ds_job_dir=$__ds_job_dir/tasks/$__ds_task_name
+    __ds_status_file=$__ds_job_dir/exit_status
+    __ds_drain_file=$__ds_job_dir/drain_signal
+    [ -z "$__ds_pid_file" ] || __ds_pid_file=$__ds_job_dir/payload.pgid
+    DAGSTER_SLURM_PARTITION_KEY=$(printf '%s' "$__ds_task_key" | base64 -d) || {
+        __ds_log "cannot decode the partition key of array task $__ds_task_index"
+        exit 125
+    }
+    export DAGSTER_SLURM_PARTITION_KEY
+    export DAGSTER_PIPES_CONTEXT="$__ds_task_context"
+    export DAGSTER_PIPES_MESSAGES="$__ds_task_messages"
+    exec >>"$__ds_job_dir/stdout.log" 2>>"$__ds_job_dir/stderr.log" || {
+        __ds_log "cannot write the output files of array task $__ds_task_index in $__ds_job_dir"
+        exit 125
+    }
+fi
 
 cd -- "$__ds_job_dir" || {
     __ds_log "cannot enter the job directory $__ds_job_dir"
