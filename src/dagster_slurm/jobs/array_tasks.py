@@ -45,6 +45,9 @@ __all__ = ["ArrayInvocation", "ArrayProgress", "SlurmArrayTasksFailed", "TaskEnd
 
 #: Lines of a failed task's stdout and stderr quoted in the step's error.
 TAIL_LINES = 20
+#: Failed partitions whose exit code and output tails the step's error quotes (every failed
+#: key is named; the details of each are also in the step's log as its task ends).
+DETAILED_FAILURES = 10
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,11 @@ class SlurmArrayTasksFailed(DagsterSlurmError):
         head = (f"{len(self.failures)} of {total} partitions failed: {keys}. The "
                 f"{len(self.succeeded)} that succeeded are materialized; a backfill of the "
                 "failed partitions runs only those.")
-        super().__init__("\n".join([head, *(f.describe() for f in self.failures)]))
+        details = [f.describe() for f in self.failures[:DETAILED_FAILURES]]
+        if len(self.failures) > DETAILED_FAILURES:
+            details.append(f"... and {len(self.failures) - DETAILED_FAILURES} more failed "
+                           "partitions (each is in the step's log)")
+        super().__init__("\n".join([head, *details]))
 
 
 class _OneWriter:

@@ -1,0 +1,259 @@
+"""Partitioned assets as job arrays: real Slurm, real Dagster, and the same in local mode.
+
+One single-run backfill of 200 partitions runs as one job array (a pool of processes
+locally): every key is processed exactly once (an exclusive-create file per key on the shared
+filesystem), never more than ``array_parallelism`` tasks at once, one materialization per
+partition with its own metadata; five keys that fail on purpose are named in the step's
+error and stay unmaterialized, and a run of just those submits an array of five.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from compute_support import compute, step_failure, wait_until, write_payload
+
+from dagster_slurm.compute.resource import ComputeResource
+from dagster_slurm.devcluster.info import slurm_command
+
+pytestmark = pytest.mark.integration
+
+PARALLELISM = 3
+
+#: The payload: checks its key, records it once (exclusive create, so a second run of the
+#: same key fails), with its start and end, and fails on purpose when told so.
+PAYLOAD = """
+import hashlib, json, os, sys, time
+from dagster_pipes import open_dagster_pipes
+
+root = os.environ["ARRAY_TEST_DIR"]
+with open_dagster_pipes() as pipes:
+    key = pipes.partition_key
+    assert key == os.environ["DAGSTER_SLURM_PARTITION_KEY"], (key, os.environ["DAGSTER_SLURM_PARTITION_KEY"])
+    assert pipes.partition_key_range["start"] == key == pipes.partition_key_range["end"]
+    name = hashlib.sha256(key.encode()).hexdigest()
+    start = time.time()
+    time.sleep(float(os.environ.get("ARRAY_TEST_SLEEP", "0.3")))
+    if os.path.exists(os.path.join(root, "fail", name)):
+        print(f"failing on purpose: {key}", file=sys.stderr)
+        sys.exit(3)
+    fd = os.open(os.path.join(root, "done", name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"key": key, "start": start, "end": time.time()}, handle)
+    pipes.log.info(f"processed {key}")
+    pipes.report_asset_materialization(metadata={"key_length": len(key)})
+"""
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _asset(keys: list[str], root: Path, payload: str, parallelism: int = PARALLELISM):
+    partitions = dg.StaticPartitionsDefinition(keys)
+
+    @dg.asset(name="sample", partitions_def=partitions,
+              backfill_policy=dg.BackfillPolicy.single_run())
+    def sample(context: dg.AssetExecutionContext, compute: ComputeResource):
+        yield from compute.run(context=context, payload_path=payload,
+                               extra_env={"ARRAY_TEST_DIR": str(root)},
+                               array_parallelism=parallelism).get_results()
+
+    return sample
+
+
+def _materialize(asset, resource, instance, first: str, last: str) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [asset], instance=instance, resources={"compute": resource}, raise_on_error=False,
+        tags={"dagster/asset_partition_range_start": first,
+              "dagster/asset_partition_range_end": last})
+
+
+def _prepare(root: Path) -> None:
+    (root / "done").mkdir(parents=True)
+    (root / "fail").mkdir()
+
+
+def _done(root: Path) -> dict[str, dict]:
+    return {json.loads(p.read_text())["key"]: json.loads(p.read_text())
+            for p in (root / "done").iterdir()}
+
+
+def _most_at_once(records: list[dict]) -> int:
+    points = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records],
+                    key=lambda p: (p[0], p[1]))
+    running = most = 0
+    for _, step in points:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def _materialized(instance: dg.DagsterInstance) -> dict[str, dict]:
+    records = instance.fetch_materializations(dg.AssetKey("sample"), limit=10_000).records
+    found: dict[str, dict] = {}
+    for record in records:
+        event = record.asset_materialization
+        assert event.partition not in found, f"partition {event.partition!r} materialized twice"
+        found[event.partition] = {k: v.value for k, v in event.metadata.items()}
+    return found
+
+
+def _sacct_tasks(env: dict[str, str], array_id: str) -> list[str]:
+    out = subprocess.run([slurm_command(env, "sacct"), "-n", "-X", "-P", "-o", "JobID", "-j",
+                          array_id], capture_output=True, text=True,
+                         env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"}).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+@pytest.fixture(params=["slurm", "local"])
+def mode(request) -> str:
+    if request.param == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    return request.param
+
+
+@pytest.fixture
+def env(mode, request) -> dict[str, str]:
+    if mode == "slurm":
+        return request.getfixturevalue("slurm_cluster").env()
+    return {}
+
+
+@pytest.mark.slow
+def test_200_partitions_run_once_each_as_one_array_and_failures_are_named(mode, env, tmp_path):
+    root = tmp_path / "array"
+    _prepare(root)
+    keys = [f"sample-{i:03d}" for i in range(200)]
+    failing = keys[100:105]
+    for key in failing:
+        (root / "fail" / _digest(key)).touch()
+    payload = write_payload(tmp_path, "partition.py", PAYLOAD)
+    asset = _asset(keys, root, payload)
+    instance = dg.DagsterInstance.ephemeral()
+    resource = compute(env, mode)
+
+    result = _materialize(asset, resource, instance, keys[0], keys[-1])
+
+    assert not result.success
+    error = step_failure(result)
+    assert "5 of 200 partitions failed" in error
+    for key in failing:
+        assert repr(key) in error and "exit code 3" in error
+    assert "failing on purpose: sample-100" in error
+    done = _done(root)
+    assert sorted(done) == sorted(set(keys) - set(failing))  # each once: exclusive create
+    assert _most_at_once(list(done.values())) <= PARALLELISM
+    materialized = _materialized(instance)
+    assert sorted(materialized) == sorted(done)
+    ids = {m["dagster_slurm/job_id"] for m in materialized.values()}
+    assert len(ids) == 195
+    for key, metadata in materialized.items():
+        assert metadata["key_length"] == len(key)
+        assert metadata["dagster_slurm/state"] == "COMPLETED"
+        assert metadata["dagster_slurm/mode"] == mode
+    if mode == "slurm":
+        arrays = {job_id.split("_")[0] for job_id in ids}
+        assert len(arrays) == 1, arrays
+        (array_id,) = arrays
+        tasks = wait_until(lambda: len(_sacct_tasks(env, array_id)) >= 200 and
+                           _sacct_tasks(env, array_id), 60, "sacct listing the 200 tasks")
+        assert {t.split("_")[0] for t in tasks} == {array_id}
+
+    # the failed partitions again, now allowed to succeed: an array of exactly those five
+    for key in failing:
+        (root / "fail" / _digest(key)).unlink()
+    again = _materialize(asset, resource, instance, failing[0], failing[-1])
+    assert again.success
+    materialized = _materialized(instance)
+    assert sorted(materialized) == sorted(keys)
+    rerun_ids = {materialized[k]["dagster_slurm/job_id"] for k in failing}
+    if mode == "slurm":
+        arrays = {job_id.split("_")[0] for job_id in rerun_ids}
+        assert len(arrays) == 1
+        assert sorted(int(j.split("_")[1]) for j in rerun_ids) == list(range(5))
+
+
+HOSTILE = ["with space", "it's \"quoted\"", "$(touch {marker})", "`touch {marker}`",
+           "semi;colon && echo", "ünïcødé ✓", "back\\slash", "new\\nline?", "%a_%j"]
+
+
+def test_hostile_keys_arrive_verbatim_and_nothing_is_executed(mode, env, tmp_path):
+    root = tmp_path / "array"
+    _prepare(root)
+    marker = tmp_path / "executed"
+    keys = [key.format(marker=marker) for key in HOSTILE]
+    payload = write_payload(tmp_path, "partition.py", PAYLOAD)
+    asset = _asset(keys, root, payload, parallelism=4)
+    instance = dg.DagsterInstance.ephemeral()
+
+    result = _materialize(asset, compute(env, mode), instance, keys[0], keys[-1])
+
+    assert result.success, step_failure(result)
+    assert sorted(_done(root)) == sorted(keys)
+    assert sorted(_materialized(instance)) == sorted(keys)
+    assert not marker.exists()
+
+
+TERMINATE = """
+import os, sys
+sys.path.insert(0, {support!r})
+import dagster as dg
+from compute_support import compute
+from test_partition_arrays import _asset, _materialize
+from pathlib import Path
+keys = [f"k{{i}}" for i in range(12)]
+instance = dg.DagsterInstance.local_temp(tempdir={home!r})
+asset = _asset(keys, Path({root!r}), {payload!r}, parallelism=2)
+_materialize(asset, compute(dict(os.environ), {mode!r}), instance, keys[0], keys[-1])
+"""
+
+
+def test_run_termination_mid_array_ends_every_task(mode, env, tmp_path):
+    root = tmp_path / "array"
+    _prepare(root)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    payload = write_payload(tmp_path, "partition.py", PAYLOAD)
+    script = write_payload(tmp_path, "run.py", TERMINATE.format(
+        support=str(Path(__file__).parent), home=str(home), root=str(root), payload=payload,
+        mode=mode))
+    proc = subprocess.Popen([sys.executable, script],
+                            env={**os.environ, **env, "ARRAY_TEST_SLEEP": "2"},
+                            start_new_session=True)
+    try:
+        wait_until(lambda: len(list((root / "done").iterdir())) >= 2, 120,
+                   "two partitions processed")
+        proc.send_signal(signal.SIGINT)  # what run termination delivers to the step
+        assert proc.wait(60) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if mode == "slurm":
+        wait_until(lambda: not _queued(env), 15, "the array's tasks out of the queue")
+    else:
+        wait_until(lambda: not _payloads(root), 15, "no payload process left")
+    processed = len(list((root / "done").iterdir()))
+    instance = dg.DagsterInstance.local_temp(tempdir=str(home))
+    assert _materialized(instance) == {}
+    assert processed < 12
+
+
+def _queued(env: dict[str, str]) -> list[str]:
+    out = subprocess.run([slurm_command(env, "squeue"), "-h", "-o", "%i|%j|%T"],
+                         capture_output=True, text=True,
+                         env={"SLURM_CONF": env["SLURM_CONF"], "PATH": "/usr/bin:/bin"}).stdout
+    return [line for line in out.splitlines()
+            if "|dsl-" in line and ("RUNNING" in line or "PENDING" in line)]
+
+
+def _payloads(root: Path) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "partition.py"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
