@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import dagster as dg
@@ -77,8 +77,9 @@ def _materialize(asset, resource, instance, first: str, last: str) -> dg.Execute
 
 
 def _prepare(root: Path) -> None:
-    (root / "done").mkdir(parents=True)
-    (root / "fail").mkdir()
+    for directory in (root, root / "done", root / "fail"):
+        directory.mkdir(exist_ok=True)
+        directory.chmod(0o777)
 
 
 def _done(root: Path) -> dict[str, dict]:
@@ -127,9 +128,22 @@ def env(mode, request) -> dict[str, str]:
     return {}
 
 
+@pytest.fixture
+def shared(mode, request, tmp_path) -> Path:
+    """A directory the payloads write to: on the cluster one that every node sees and the
+    cluster user can write (the nodes have a /tmp of their own)."""
+    if mode == "local":
+        return tmp_path
+    cluster = request.getfixturevalue("slurm_cluster")
+    directory = Path(tempfile.mkdtemp(prefix="arrays-", dir=cluster.state_dir))
+    directory.chmod(0o777)
+    return directory
+
+
 @pytest.mark.slow
-def test_200_partitions_run_once_each_as_one_array_and_failures_are_named(mode, env, tmp_path):
-    root = tmp_path / "array"
+def test_200_partitions_run_once_each_as_one_array_and_failures_are_named(mode, env, shared,
+                                                                         tmp_path):
+    root = shared / "array"
     _prepare(root)
     keys = [f"sample-{i:03d}" for i in range(200)]
     failing = keys[100:105]
@@ -185,10 +199,10 @@ HOSTILE = ["with space", "it's \"quoted\"", "$(touch {marker})", "`touch {marker
            "semi;colon && echo", "ünïcødé ✓", "back\\slash", "new\\nline?", "%a_%j"]
 
 
-def test_hostile_keys_arrive_verbatim_and_nothing_is_executed(mode, env, tmp_path):
-    root = tmp_path / "array"
+def test_hostile_keys_arrive_verbatim_and_nothing_is_executed(mode, env, shared, tmp_path):
+    root = shared / "array"
     _prepare(root)
-    marker = tmp_path / "executed"
+    marker = shared / "executed"
     keys = [key.format(marker=marker) for key in HOSTILE]
     payload = write_payload(tmp_path, "partition.py", PAYLOAD)
     asset = _asset(keys, root, payload, parallelism=4)
@@ -216,8 +230,8 @@ _materialize(asset, compute(dict(os.environ), {mode!r}), instance, keys[0], keys
 """
 
 
-def test_run_termination_mid_array_ends_every_task(mode, env, tmp_path):
-    root = tmp_path / "array"
+def test_run_termination_mid_array_ends_every_task(mode, env, shared, tmp_path):
+    root = shared / "array"
     _prepare(root)
     home = tmp_path / "dagster_home"
     home.mkdir()

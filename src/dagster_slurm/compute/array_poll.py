@@ -52,7 +52,8 @@ class ArrayPoll:
 
     def __init__(self, scheduler: SlurmScheduler, job_name: str, pending: PendingPolicy,
                  log: Any, *, heartbeat: str | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.scheduler = scheduler
         self.job_name = job_name
         self.log = log
@@ -65,6 +66,9 @@ class ArrayPoll:
         self._missing: dict[tuple[str, int], int] = {}
         self._seq = 0
         self._sleep = sleep
+        self._clock = clock
+        self._submitted: dict[str, float] = {}
+        self._first_seen: dict[tuple[str, int], float] = {}
 
     def observe(self, arrays: Mapping[str, Any]) -> list[TaskSeen]:
         """One squeue for the arrays ``arrays`` (array job id -> the runner's record, whose
@@ -91,8 +95,19 @@ class ArrayPoll:
                     continue
                 self._missing.pop((array_id, index), None)
                 if state is not JobState.PENDING:
+                    self._first_seen.setdefault((array_id, index), self._clock())
                     seen.append(TaskSeen(array_id, index, state))
         return seen
+
+    def submitted(self, array_id: str) -> None:
+        """The array was submitted now (the start of its tasks' observed queue wait)."""
+        self._submitted[array_id] = self._clock()
+
+    def queue_wait(self, array_id: str, index: int) -> float | None:
+        """Seconds from the array's submission to the first poll that saw the task started
+        (to within a poll interval); None when not observed."""
+        start, seen = self._submitted.get(array_id), self._first_seen.get((array_id, index))
+        return None if start is None or seen is None else max(0.0, seen - start)
 
     def drained(self, array_id: str | None) -> bool:
         """Whether the array has no task left waiting in the queue (all started or ended)."""

@@ -28,6 +28,7 @@ from dagster_slurm.compute.local_runner import current_environment_path, default
 from dagster_slurm.jobs.array_files import ArrayLayout, PartitionTask, tasks_file_content
 from dagster_slurm.jobs.array_tasks import ArrayInvocation, ArrayProgress, TaskEnd
 from dagster_slurm.jobs.contexts import step_identity
+from dagster_slurm.jobs.cost import cost_figures, run_summary
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.metrics import from_local
 from dagster_slurm.jobs.partitions import partition_context_data, step_context_data
@@ -46,6 +47,7 @@ class _Running:
     task: PartitionTask
     proc: subprocess.Popen
     started: float
+    waited: float
 
 
 class LocalArrayRunner:
@@ -81,7 +83,8 @@ class LocalArrayRunner:
         self._run_pool(context, progress, tasks, script, paths.file("array-0.out"), limit)
         progress.summary = {"dagster_slurm/mode": "local", "dagster_slurm/partitions": len(tasks),
                             "dagster_slurm/failed_partitions": len(progress.failures),
-                            "dagster_slurm/elapsed_seconds": round(time.monotonic() - started, 3)}
+                            "dagster_slurm/elapsed_seconds": round(time.monotonic() - started, 3),
+                            **run_summary(end.figures for end in progress.ends.values())}
         if not progress.failures and not request.defer_cleanup:
             shutil.rmtree(paths.job_dir, ignore_errors=True)
             for parent in (paths.step_dir, paths.run_dir):
@@ -121,6 +124,7 @@ class LocalArrayRunner:
                   limit: int) -> None:
         waiting = deque(tasks)
         running: dict[int, _Running] = {}
+        begun = time.monotonic()
         follower = follower_for(context, self.run_status_interval)
         try:
             with open(early_output, "ab") as out:
@@ -131,7 +135,8 @@ class LocalArrayRunner:
                         proc = subprocess.Popen(
                             ["bash", script], stdout=out, stderr=out, stdin=subprocess.DEVNULL,
                             cwd=task.dir, env=env, start_new_session=True)
-                        running[task.position] = _Running(task, proc, time.monotonic())
+                        now = time.monotonic()
+                        running[task.position] = _Running(task, proc, now, now - begun)
                     for position, item in list(running.items()):
                         self._read(progress, item.task)
                         pid, status, usage = os.wait4(item.proc.pid, os.WNOHANG)
@@ -169,8 +174,11 @@ class LocalArrayRunner:
         cpu = usage.ru_utime + usage.ru_stime  # type: ignore[attr-defined]
         metrics = from_local(f"local-{item.proc.pid}", code, elapsed, cpu,
                              usage.ru_maxrss)  # type: ignore[attr-defined]
-        end = TaskEnd(metrics.job_id, "COMPLETED" if code == 0 else "FAILED", code,
-                      metrics.as_metadata())
+        figures = {**metrics.as_metadata(), **cost_figures(
+            elapsed_seconds=elapsed, cpus=None, gpus=0, max_rss_bytes=metrics.max_rss_bytes,
+            requested_mem_bytes=None, cpu_efficiency=metrics.cpu_efficiency,
+            queue_wait_seconds=item.waited)}
+        end = TaskEnd(metrics.job_id, "COMPLETED" if code == 0 else "FAILED", code, figures)
         progress.finish(item.task.position, end, stdout_tail=_tail(item.task.stdout),
                         stderr_tail=_tail(item.task.stderr))
 

@@ -32,6 +32,7 @@ class ComputeSettings(Protocol):
     pipes_poll_interval: float
     run_status_interval: float
     heartbeat_timeout: float | None
+    efficiency_warning_below: float | None
 
 __all__ = ["check_array_arguments", "run_partitions"]
 
@@ -89,6 +90,7 @@ def run_partitions(resource: ComputeSettings, context: OpExecutionContext, reque
         resource.slurm, pending, prepare_env,
         poll_interval=resource.pipes_poll_interval,
         run_status_interval=resource.run_status_interval,
-        heartbeat_timeout=resource.heartbeat_timeout)
+        heartbeat_timeout=resource.heartbeat_timeout,
+        efficiency_warning_below=resource.efficiency_warning_below)
     limit = parallelism if parallelism is not None else resource.slurm.queue.array_parallelism
     return runner.run(context, request, keys, limit, retries)

@@ -11,7 +11,6 @@ share the template :class:`~dagster_slurm.jobs.runner.PipesJobRunner`:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import Enum
 from typing import Any, ClassVar, Literal
 
 from dagster import (
@@ -35,6 +34,7 @@ from dagster_slurm.compute.pipes_client import ComputePipesClient
 from dagster_slurm.compute.published_fields import WITHDRAWN_FIELDS, published_mode
 from dagster_slurm.compute.published_run import published_run, refuse_published_hetjob
 from dagster_slurm.compute.run_config import SlurmRunConfig
+from dagster_slurm.compute.scope import SlurmAllocationScope
 from dagster_slurm.config_errors import KnownFieldsOnly, PublishedNames, WithdrawnField
 from dagster_slurm.errors import ConfigurationError
 from dagster_slurm.jobs.activation import activation_for
@@ -52,13 +52,6 @@ from dagster_slurm.session.core.config import SlurmRunAllocationConfig, check_he
 from dagster_slurm.session.head.layout import RunLayout
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.slurm.exec_limits import check_command
-
-
-class SlurmAllocationScope(str, Enum):
-    """Which Slurm allocation a step runs in: its own (``ASSET``) or the run's (``RUN``)."""
-
-    ASSET = "asset"
-    RUN = "run"
 
 
 class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
@@ -183,6 +176,13 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
     local_base_path: str | None = Field(
         default=None,
         description="Local directory for invocation files in local mode; None: a per-user temp dir.",
+    )
+    efficiency_warning_below: float | None = Field(
+        default=0.5,
+        description=(
+            "A multi-partition run whose tasks' mean CPU or memory efficiency is below this "
+            "fraction logs a warning naming the request to lower; None: no warning."
+        ),
     )
     published_metadata_keys: bool = Field(
         default=False,
@@ -386,9 +386,8 @@ class ComputeResource(PublishedNames, ConfigurableResource, KnownFieldsOnly):
 
     def get_pipes_client(self, context: Any = None,
                          launcher: ComputeLauncher | None = None) -> ComputePipesClient:
-        """A Dagster ``PipesClient`` whose ``run(context=..., payload_path=..., ...)`` is this
-        resource's :meth:`run` with ``launcher`` (None: ``default_launcher``); the
-        published package's method of the same name. ``context`` is not used."""
+        """A Dagster ``PipesClient`` running :meth:`run` with ``launcher`` (None:
+        ``default_launcher``), as in the published package; ``context`` is not used."""
         return ComputePipesClient(self, launcher)
 
     def _check_scope(self, context: OpExecutionContext, launcher: ComputeLauncher,

@@ -1,8 +1,10 @@
-"""Checks of a step's scheduler overrides against the resource's queue and scope."""
+"""The allocation scope of a step, and the checks of its scheduler overrides against the
+resource's queue and scope."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any, Protocol
 
 from dagster import OpExecutionContext
@@ -22,7 +24,14 @@ class ScopeSettings(Protocol):
 
     def get_run_allocation_session(self, context: Any, *, start: bool = True) -> RunSession: ...
 
-__all__ = ["check_scope"]
+__all__ = ["SlurmAllocationScope", "check_scope"]
+
+
+class SlurmAllocationScope(str, Enum):
+    """Which Slurm allocation a step runs in: its own (``ASSET``) or the run's (``RUN``)."""
+
+    ASSET = "asset"
+    RUN = "run"
 
 
 def check_scope(resource: ScopeSettings, context: OpExecutionContext,

@@ -34,6 +34,13 @@ from dagster_slurm.jobs.array_files import ArrayLayout, PartitionTask, tasks_fil
 from dagster_slurm.jobs.array_tasks import ArrayInvocation, ArrayProgress, TaskEnd
 from dagster_slurm.jobs.cancel import keep_after_lost_login
 from dagster_slurm.jobs.contexts import step_identity
+from dagster_slurm.jobs.cost import (
+    DEFAULT_EFFICIENCY_WARNING,
+    cost_figures,
+    efficiency_warning,
+    requested_memory_bytes,
+    run_summary,
+)
 from dagster_slurm.jobs.errors import SlurmSubmissionError
 from dagster_slurm.jobs.files import remove_invocation
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
@@ -79,7 +86,9 @@ class SlurmArrayRunner:
                  prepare_env: Callable[[OpExecutionContext], str | None], *,
                  poll_interval: float = 0.25,
                  run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
-                 heartbeat_timeout: float | None = None) -> None:
+                 heartbeat_timeout: float | None = None,
+                 efficiency_warning_below: float | None = DEFAULT_EFFICIENCY_WARNING) -> None:
+        self.efficiency_warning_below = efficiency_warning_below
         self.slurm = slurm
         self.pending = pending
         self.prepare_env = prepare_env
@@ -118,7 +127,7 @@ class SlurmArrayRunner:
         follower = follower_for(context, self.run_status_interval)
         submitted: list[_Array] = []
         try:
-            self._submit(context, scheduler, arrays[0], paths, files, run_id, step_key, follower)
+            self._submit(context, scheduler, poll, arrays[0], paths, files, run_id, step_key, follower)
             submitted.append(arrays[0])
             queued = list(arrays[1:])
             attempts = 0
@@ -136,13 +145,13 @@ class SlurmArrayRunner:
                     f"partition(s) again: {', '.join(repr(tasks[p].key) for p in failed)}")
                 self._reset(scheduler, progress, [tasks[p] for p in failed])
                 for retry in again:
-                    self._submit(context, scheduler, retry, paths, {}, run_id, step_key,
+                    self._submit(context, scheduler, poll, retry, paths, {}, run_id, step_key,
                                  follower)
                     submitted.append(retry)
         except BaseException as exc:
             self._cancel(context, scheduler, [a.job_id for a in submitted if a.job_id], exc)
             raise
-        self._finish(context, scheduler, progress, submitted, paths, request)
+        self._finish(context, scheduler, progress, poll, submitted, paths, request)
         progress.raise_failures()
         return ArrayInvocation(tuple(progress.results()), progress.summary)
 
@@ -209,9 +218,10 @@ class SlurmArrayRunner:
                                   positions={i: original.chunk.offset + i for i in indices}))
         return retries
 
-    def _submit(self, context: OpExecutionContext, scheduler: SlurmScheduler, array: _Array,
-                paths: InvocationPaths, files: dict[str, tuple[str | bytes, int]],
-                run_id: str, step_key: str, follower: Any) -> None:
+    def _submit(self, context: OpExecutionContext, scheduler: SlurmScheduler, poll: ArrayPoll,
+                array: _Array, paths: InvocationPaths,
+                files: dict[str, tuple[str | bytes, int]], run_id: str, step_key: str,
+                follower: Any) -> None:
         token = new_token()
         owner = {"run_id": run_id, "step_key": step_key, "job_name": array.spec.job_name,
                  "array": array.spec.array}
@@ -224,6 +234,7 @@ class SlurmArrayRunner:
         except SchedulerError as exc:
             raise SlurmSubmissionError(str(exc)) from None
         array.job_id = submitted.job_id
+        poll.submitted(submitted.job_id)
         context.log.info(f"Submitted Slurm job array {submitted.job_id} ({array.spec.job_name}, "
                          f"--array={array.spec.array}, partition "
                          f"{array.spec.partition or 'default'}, time limit {array.spec.time_limit})")
@@ -251,7 +262,7 @@ class SlurmArrayRunner:
             self._read(scheduler, progress, seen, current)
             if queued and poll.drained(submitted[-1].job_id):
                 following = queued.pop(0)
-                self._submit(context, scheduler, following, paths, {}, run_id, step_key,
+                self._submit(context, scheduler, poll, following, paths, {}, run_id, step_key,
                              follower)
                 submitted.append(following)
                 continue
@@ -275,7 +286,7 @@ class SlurmArrayRunner:
         for _, task in tasks:
             requests.append(TailRequest(task.messages, progress.messages_of(task.position).offset))
             requests.append(TailRequest(task.status, 0, 64))
-        chunks = scheduler.agent.run(tail_op(requests)).chunks
+        chunks = scheduler.agent.run(tail_op(requests)).files
         failed: list[tuple[TaskSeen, PartitionTask, int | None]] = []
         for n, (state, task) in enumerate(tasks):
             messages, status = chunks[2 * n], chunks[2 * n + 1]
@@ -300,7 +311,7 @@ class SlurmArrayRunner:
         for _, task, _ in failed:
             requests += [TailRequest(task.stdout, -TAIL_BYTES, TAIL_BYTES),
                          TailRequest(task.stderr, -TAIL_BYTES, TAIL_BYTES)]
-        chunks = scheduler.agent.run(tail_op(requests)).chunks
+        chunks = scheduler.agent.run(tail_op(requests)).files
         for n, (state, task, code) in enumerate(failed):
             out, err = chunks[2 * n], chunks[2 * n + 1]
             progress.finish(task.position, _task_end(state, code),
@@ -309,8 +320,8 @@ class SlurmArrayRunner:
 
     # -- the end --------------------------------------------------------------------------
     def _finish(self, context: OpExecutionContext, scheduler: SlurmScheduler,
-                progress: ArrayProgress, submitted: Sequence[_Array], paths: InvocationPaths,
-                request: JobRequest) -> None:
+                progress: ArrayProgress, poll: ArrayPoll, submitted: Sequence[_Array],
+                paths: InvocationPaths, request: JobRequest) -> None:
         """Accounting of every array in one sacct (each task's figures added to its
         partition) and, when every task succeeded, the removal of the files."""
         ids = [a.job_id for a in submitted if a.job_id]
@@ -319,22 +330,36 @@ class SlurmArrayRunner:
             if not progress.failures and not request.defer_cleanup:
                 remove_invocation(batch, paths, paths.run_dir)
         records = scheduler.accounting_records(acct.result())
+        requested = requested_memory_bytes(submitted[0].spec) if submitted else None
         for array in submitted:
             if array.job_id is None:
                 continue
             for index, record in fold_array_accounting(records, array.job_id).items():
                 position = array.positions.get(index)
                 end = progress.ends.get(position) if position is not None else None
-                if end is None or end.job_id != f"{array.job_id}_{index}":
+                if position is None or end is None or end.job_id != f"{array.job_id}_{index}":
                     continue
                 metrics = from_sacct(end.job_id, record, end.exit_code, end.state, "squeue")
-                progress.add_figures(position, metrics.as_metadata())
+                wait = (record.planned_seconds if record.planned_seconds is not None
+                        else poll.queue_wait(array.job_id, index))
+                progress.add_figures(position, {**metrics.as_metadata(), **cost_figures(
+                    elapsed_seconds=metrics.elapsed_seconds, cpus=metrics.cpus,
+                    gpus=metrics.gpu.allocated, max_rss_bytes=metrics.max_rss_bytes,
+                    requested_mem_bytes=requested, cpu_efficiency=metrics.cpu_efficiency,
+                    queue_wait_seconds=wait)})
         progress.summary = {
             "dagster_slurm/mode": "slurm",
             "dagster_slurm/array_job_ids": ",".join(ids),
             "dagster_slurm/partitions": len(progress.tasks),
             "dagster_slurm/failed_partitions": len(progress.failures),
+            **run_summary(end.figures for end in progress.ends.values()),
         }
+        spec = submitted[0].spec if submitted else None
+        warning = efficiency_warning(progress.summary, self.efficiency_warning_below,
+                                     cpus=spec.cpus_per_task if spec else None,
+                                     mem=(spec.mem or spec.mem_per_cpu) if spec else None)
+        if warning is not None:
+            context.log.warning(warning)
 
     def _cancel(self, context: OpExecutionContext, scheduler: SlurmScheduler,
                 ids: Sequence[str], error: BaseException) -> None:

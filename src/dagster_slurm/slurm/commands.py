@@ -15,8 +15,13 @@ from dataclasses import dataclass, fields
 from typing import TypeVar
 
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.slurm.array_spec import validate_array_expression
 from dagster_slurm.slurm.directives import option_name, validate_extra_sbatch_directives
 from dagster_slurm.slurm.hetjob import HET_SEPARATOR, HetComponentSpec, het_component_argv
+from dagster_slurm.slurm.scontrol import (  # noqa: F401 - re-exported
+    scontrol_show_config_argv,
+    scontrol_update_timelimit_argv,
+)
 from dagster_slurm.slurm.validation import (
     MAX_COMMENT_LENGTH,
     validate_count,
@@ -32,7 +37,7 @@ from dagster_slurm.slurm.validation import (
     validate_text,
 )
 from dagster_slurm.slurm.version import SlurmFeature, SlurmVersion, offers
-from dagster_slurm.slurm.walltime import format_walltime, parse_duration, validate_walltime
+from dagster_slurm.slurm.walltime import parse_duration, validate_walltime
 
 SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
     ("job_id", "%i"),
@@ -174,6 +179,9 @@ class SbatchSpec:
     extra_directives: tuple[str, ...] = ()
     """Further long-form options, checked by
     :func:`~dagster_slurm.slurm.directives.validate_extra_sbatch_directives`."""
+    array: str | None = None
+    """``--array``: the task indices of a job array, with ``%N`` to run at most N at once
+    (:func:`~dagster_slurm.slurm.arrays.array_expression`); None: an ordinary job."""
     het_components: tuple[HetComponentSpec, ...] = ()
     """The later components of a heterogeneous job (see :mod:`dagster_slurm.slurm.hetjob`);
     the fields above are then component 0 and the job's. Empty: an ordinary job."""
@@ -195,6 +203,7 @@ class SbatchSpec:
         _optional("nodelist", self.nodelist, validate_hostlist)
         _optional("export", self.export, validate_export)
         _optional("comment", self.comment, _validate_comment)
+        _optional("array", self.array, validate_array_expression)
         for name in ("output", "error", "chdir"):
             _optional(name, getattr(self, name), validate_text)
         for name in ("exclusive", "hold", "requeue"):
@@ -260,6 +269,7 @@ _OPTION_OF_FIELD: dict[str, str] = {
     "chdir": "chdir",
     "nodelist": "nodelist",
     "export": "export",
+    "array": "array",
 }
 _FLAG_OF_FIELD: dict[str, str] = {"exclusive": "exclusive", "hold": "hold"}
 
@@ -464,34 +474,3 @@ def scancel_argv(
         argv.append(f"--signal={validate_signal_name('signal', signal)}")
     argv.extend(dict.fromkeys(ids))
     return argv
-
-
-def scontrol_show_config_argv(*, version: SlurmVersion | None = None) -> list[str]:
-    """``scontrol show config`` argv (every release); parse with
-    :func:`~dagster_slurm.slurm.parsers.parse_scontrol_config`."""
-    del version
-    return ["scontrol", "show", "config"]
-
-
-def scontrol_update_timelimit_argv(
-    job_id: str | int, value: str | float, *, version: SlurmVersion | None = None
-) -> list[str]:
-    """``scontrol update`` argv setting a job's time limit.
-
-    ``value`` is a Slurm duration (``01:00:00``, ``UNLIMITED``), the same prefixed with
-    ``+``/``-`` to extend or shorten the current limit, or a number of seconds (written as
-    ``[D-]HH:MM:SS``; Slurm rounds up to whole minutes).
-    """
-    del version  # the same on every release
-    job = validate_job_id("job_id", job_id)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not value > 0:
-            raise ConfigurationError("value", value, "must be a positive number of seconds")
-        limit = format_walltime(value)
-    elif isinstance(value, str) and value[:1] in ("+", "-"):
-        if value[1:].strip().upper() in ("UNLIMITED", "INFINITE"):
-            raise ConfigurationError("value", value, "a relative change must be a duration")
-        limit = value[0] + validate_walltime("value", value[1:])
-    else:
-        limit = validate_walltime("value", value)
-    return ["scontrol", "update", f"JobId={job}", f"TimeLimit={limit}"]

@@ -82,7 +82,7 @@ def _tail_one(spec: object) -> dict:
     if not isinstance(spec, dict):
         raise bad_request("each tail entry must be an object")
     path = get_str(spec, "path")
-    offset = int(get_number(spec, "offset", 0))
+    offset = int(get_number(spec, "offset", 0, minimum=-float("inf")))
     max_bytes = int(min(get_number(spec, "max_bytes", 1024 * 1024, minimum=1), MAX_TAIL_BYTES))
     entry = {
         "path": path,
