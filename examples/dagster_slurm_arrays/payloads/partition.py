@@ -28,7 +28,7 @@ with open_dagster_pipes() as pipes:
             open(marker, "w").close()
             print(f"{key}: failing on purpose (first try)", file=sys.stderr)
             sys.exit(3)
-    checksum = hashlib.sha256(f"sample {key}".encode("utf-8")).hexdigest()[:12]
+    checksum = hashlib.sha256(f"sample {key}".encode()).hexdigest()[:12]
     os.makedirs(os.path.join(work_dir, "results"), exist_ok=True)
     with open(os.path.join(work_dir, "results", f"{name}.json"), "w") as handle:
         json.dump({"key": key, "checksum": checksum}, handle)
