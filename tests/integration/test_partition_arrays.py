@@ -7,7 +7,6 @@ partition with its own metadata; five keys that fail on purpose are named in the
 error and stay unmaterialized, and a run of just those submits an array of five.
 """
 
-import hashlib
 import json
 import os
 import signal
@@ -18,63 +17,12 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from arrays_support import PARALLELISM, PAYLOAD, digest, materialize_range, partitioned_asset
 from compute_support import compute, step_failure, wait_until, write_payload
 
-from dagster_slurm.compute.resource import ComputeResource
 from dagster_slurm.devcluster.info import slurm_command
 
 pytestmark = pytest.mark.integration
-
-PARALLELISM = 3
-
-#: The payload: checks its key, records it once (exclusive create, so a second run of the
-#: same key fails), with its start and end, and fails on purpose when told so.
-PAYLOAD = """
-import hashlib, json, os, sys, time
-from dagster_pipes import open_dagster_pipes
-
-root = os.environ["ARRAY_TEST_DIR"]
-with open_dagster_pipes() as pipes:
-    key = pipes.partition_key
-    assert key == os.environ["DAGSTER_SLURM_PARTITION_KEY"], (key, os.environ["DAGSTER_SLURM_PARTITION_KEY"])
-    assert pipes.partition_key_range["start"] == key == pipes.partition_key_range["end"]
-    name = hashlib.sha256(key.encode()).hexdigest()
-    start = time.time()
-    time.sleep(float(os.environ.get("ARRAY_TEST_SLEEP", "0.3")))
-    if os.path.exists(os.path.join(root, "fail", name)):
-        print(f"failing on purpose: {key}", file=sys.stderr)
-        sys.exit(3)
-    fd = os.open(os.path.join(root, "done", name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"key": key, "start": start, "end": time.time()}, handle)
-    pipes.log.info(f"processed {key}")
-    pipes.report_asset_materialization(metadata={"key_length": len(key)})
-"""
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def _asset(keys: list[str], root: Path, payload: str, parallelism: int = PARALLELISM):
-    partitions = dg.StaticPartitionsDefinition(keys)
-
-    @dg.asset(name="sample", partitions_def=partitions,
-              backfill_policy=dg.BackfillPolicy.single_run())
-    def sample(context: dg.AssetExecutionContext, compute: ComputeResource):
-        yield from compute.run(context=context, payload_path=payload,
-                               extra_env={"ARRAY_TEST_DIR": str(root)},
-                               array_parallelism=parallelism).get_results()
-
-    return sample
-
-
-def _materialize(asset, resource, instance, first: str, last: str) -> dg.ExecuteInProcessResult:
-    return dg.materialize(
-        [asset], instance=instance, resources={"compute": resource}, raise_on_error=False,
-        tags={"dagster/asset_partition_range_start": first,
-              "dagster/asset_partition_range_end": last})
-
 
 def _prepare(root: Path) -> None:
     for directory in (root, root / "done", root / "fail"):
@@ -148,13 +96,13 @@ def test_200_partitions_run_once_each_as_one_array_and_failures_are_named(mode, 
     keys = [f"sample-{i:03d}" for i in range(200)]
     failing = keys[100:105]
     for key in failing:
-        (root / "fail" / _digest(key)).touch()
+        (root / "fail" / digest(key)).touch()
     payload = write_payload(tmp_path, "partition.py", PAYLOAD)
-    asset = _asset(keys, root, payload)
+    asset = partitioned_asset(keys, root, payload)
     instance = dg.DagsterInstance.ephemeral()
     resource = compute(env, mode)
 
-    result = _materialize(asset, resource, instance, keys[0], keys[-1])
+    result = materialize_range(asset, resource, instance, keys[0], keys[-1])
 
     assert not result.success
     error = step_failure(result)
@@ -183,8 +131,8 @@ def test_200_partitions_run_once_each_as_one_array_and_failures_are_named(mode, 
 
     # the failed partitions again, now allowed to succeed: an array of exactly those five
     for key in failing:
-        (root / "fail" / _digest(key)).unlink()
-    again = _materialize(asset, resource, instance, failing[0], failing[-1])
+        (root / "fail" / digest(key)).unlink()
+    again = materialize_range(asset, resource, instance, failing[0], failing[-1])
     assert again.success
     materialized = _materialized(instance)
     assert sorted(materialized) == sorted(keys)
@@ -193,6 +141,33 @@ def test_200_partitions_run_once_each_as_one_array_and_failures_are_named(mode, 
         arrays = {job_id.split("_")[0] for job_id in rerun_ids}
         assert len(arrays) == 1
         assert sorted(int(j.split("_")[1]) for j in rerun_ids) == list(range(5))
+
+
+def test_a_failed_task_is_retried_and_a_range_of_one_key_gets_its_key(mode, env, shared,
+                                                                      tmp_path):
+    root = shared / "array"
+    _prepare(root)
+    keys = [f"r{i}" for i in range(6)]
+    (root / "fail" / digest("r2")).touch()
+    payload = write_payload(tmp_path, "partition.py", PAYLOAD)
+    asset = partitioned_asset(keys, root, payload, retries=1, env={"ARRAY_TEST_FAIL_ONCE": "1"})
+    instance = dg.DagsterInstance.ephemeral()
+
+    result = materialize_range(asset, compute(env, mode), instance, keys[0], keys[-1])
+
+    assert result.success, step_failure(result)
+    materialized = _materialized(instance)
+    assert sorted(materialized) == keys
+    assert sorted(_done(root)) == keys
+    if mode == "slurm":  # the retry is an array of its own, of the failed index alone
+        first = materialized["r0"]["dagster_slurm/job_id"].split("_")[0]
+        retried = materialized["r2"]["dagster_slurm/job_id"]
+        assert retried.split("_")[0] != first and retried.endswith("_2")
+
+    (root / "done" / digest("r4")).unlink()
+    one = materialize_range(asset, compute(env, mode), instance, "r4", "r4")
+    assert one.success, step_failure(one)
+    assert "r4" in _done(root)
 
 
 HOSTILE = ["with space", "it's \"quoted\"", "$(touch {marker})", "`touch {marker}`",
@@ -205,10 +180,10 @@ def test_hostile_keys_arrive_verbatim_and_nothing_is_executed(mode, env, shared,
     marker = shared / "executed"
     keys = [key.format(marker=marker) for key in HOSTILE]
     payload = write_payload(tmp_path, "partition.py", PAYLOAD)
-    asset = _asset(keys, root, payload, parallelism=4)
+    asset = partitioned_asset(keys, root, payload, parallelism=4)
     instance = dg.DagsterInstance.ephemeral()
 
-    result = _materialize(asset, compute(env, mode), instance, keys[0], keys[-1])
+    result = materialize_range(asset, compute(env, mode), instance, keys[0], keys[-1])
 
     assert result.success, step_failure(result)
     assert sorted(_done(root)) == sorted(keys)
@@ -221,12 +196,12 @@ import os, sys
 sys.path.insert(0, {support!r})
 import dagster as dg
 from compute_support import compute
-from test_partition_arrays import _asset, _materialize
+from arrays_support import partitioned_asset, materialize_range
 from pathlib import Path
 keys = [f"k{{i}}" for i in range(12)]
 instance = dg.DagsterInstance.local_temp(tempdir={home!r})
-asset = _asset(keys, Path({root!r}), {payload!r}, parallelism=2)
-_materialize(asset, compute(dict(os.environ), {mode!r}), instance, keys[0], keys[-1])
+asset = partitioned_asset(keys, Path({root!r}), {payload!r}, parallelism=2)
+materialize_range(asset, compute(dict(os.environ), {mode!r}), instance, keys[0], keys[-1])
 """
 
 

@@ -66,10 +66,11 @@ class LocalArrayRunner:
         self.run_status_interval = run_status_interval
 
     def run(self, context: OpExecutionContext, request: JobRequest, keys: Sequence[str],
-            parallelism: int | None) -> ArrayInvocation:
+            parallelism: int | None, retries: int = 0) -> ArrayInvocation:
         """Run ``request`` once per key of ``keys``, at most ``parallelism`` at once (None:
-        as many as this machine has CPUs); raises
-        :class:`~dagster_slurm.jobs.array_tasks.SlurmArrayTasksFailed` when some failed."""
+        as many as this machine has CPUs), the failed keys again up to ``retries`` times;
+        raises :class:`~dagster_slurm.jobs.array_tasks.SlurmArrayTasksFailed` when some
+        still failed."""
         run_id, step_key = step_identity(context)
         paths = InvocationPaths.create(self.base, run_id, step_key)
         layout = ArrayLayout(paths.job_dir)
@@ -81,6 +82,19 @@ class LocalArrayRunner:
         progress = ArrayProgress(context, tasks)
         started = time.monotonic()
         self._run_pool(context, progress, tasks, script, paths.file("array-0.out"), limit)
+        for attempt in range(1, retries + 1):
+            failed = [tasks[p] for p in sorted(progress.failures)]
+            if not failed:
+                break
+            context.log.warning(
+                f"Retry {attempt} of {retries}: running the {len(failed)} failed partition(s) "
+                f"again: {', '.join(repr(t.key) for t in failed)}")
+            for task in failed:
+                for path in (task.status, task.messages, task.stdout, task.stderr):
+                    if os.path.exists(path):
+                        os.remove(path)
+            progress.retry([t.position for t in failed])
+            self._run_pool(context, progress, failed, script, paths.file("array-0.out"), limit)
         progress.summary = {"dagster_slurm/mode": "local", "dagster_slurm/partitions": len(tasks),
                             "dagster_slurm/failed_partitions": len(progress.failures),
                             "dagster_slurm/elapsed_seconds": round(time.monotonic() - started, 3),

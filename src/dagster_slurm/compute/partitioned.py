@@ -82,7 +82,7 @@ def run_partitions(resource: ComputeSettings, context: OpExecutionContext, reque
 
         return LocalArrayRunner(resource.local_base_path,
                                 run_status_interval=resource.run_status_interval
-                                ).run(context, request, keys, parallelism)
+                                ).run(context, request, keys, parallelism, retries)
     from dagster_slurm.compute.slurm_array import SlurmArrayRunner
 
     assert resource.slurm is not None

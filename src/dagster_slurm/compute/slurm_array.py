@@ -75,8 +75,12 @@ class _Array:
 
     chunk: ArrayChunk
     spec: SbatchSpec
+    number: int
+    """Which of the run's scripts and tasks files it runs (a retry: its original's)."""
     job_id: str | None = None
     positions: dict[int, int] = field(default_factory=dict)
+    """Task index -> key position, for the tasks whose outcome this array decides (a
+    position retried elsewhere is removed)."""
 
 
 class SlurmArrayRunner:
@@ -110,7 +114,7 @@ class SlurmArrayRunner:
         payload = payload_argv(request.payload_path, job_dir=paths.job_dir)
         chunks = split_for_arrays(len(tasks), max_array_size(scheduler.config()))
         arrays = [_Array(chunk, self._spec(job_name, paths, layout, n, chunk.size, parallelism,
-                                           request),
+                                           request), n,
                          positions={i: chunk.offset + i for i in range(chunk.size)})
                   for n, chunk in enumerate(chunks)]  # every spec checked before a submission
         activation = self.prepare_env(context)
@@ -138,7 +142,7 @@ class SlurmArrayRunner:
                 if not failed or attempts >= retries:
                     break
                 attempts += 1
-                again = self._retry_arrays(job_name, paths, layout, arrays, failed,
+                again = self._retry_arrays(job_name, paths, layout, submitted, failed,
                                            parallelism, request)
                 context.log.warning(
                     f"Retry {attempts} of {retries}: submitting the {len(failed)} failed "
@@ -204,17 +208,18 @@ class SlurmArrayRunner:
         submission that holds some of them, with its script and tasks file (a position keeps
         its task index there)."""
         retries = []
-        originals = [a for a in arrays if a.chunk.size and a.positions == {
-            i: a.chunk.offset + i for i in range(a.chunk.size)}]
-        for n, original in enumerate(originals):
+        for array in arrays:
+            for index in [i for i, p in array.positions.items() if p in failed]:
+                del array.positions[index]  # decided by the retry from now on
+        for original in [a for a in arrays if a.chunk.size]:
             mine = [p for p in failed if original.chunk.offset <= p
                     < original.chunk.offset + original.chunk.size]
             if not mine:
                 continue
             indices = [p - original.chunk.offset for p in mine]
-            spec = self._spec(job_name, paths, layout, n, 0, parallelism, request,
-                              indices=indices)
-            retries.append(_Array(ArrayChunk(original.chunk.offset, 0), spec,
+            spec = self._spec(job_name, paths, layout, original.number, 0, parallelism,
+                              request, indices=indices)
+            retries.append(_Array(ArrayChunk(original.chunk.offset, 0), spec, original.number,
                                   positions={i: original.chunk.offset + i for i in indices}))
         return retries
 

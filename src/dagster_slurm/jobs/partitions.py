@@ -23,16 +23,19 @@ __all__ = ["partition_context_data", "run_partition_keys", "step_context_data"]
 
 
 def run_partition_keys(context: OpExecutionContext) -> list[str] | None:
-    """The partition keys of a step that runs for more than one partition at once, in
-    Dagster's order; None for a step of an unpartitioned asset or op, and for a run of one
-    partition (which stays one job)."""
-    if not context.has_partition_key_range:
+    """The partition keys of a step that runs for a range of partitions (a single-run
+    backfill, a run over a range), in Dagster's order, also when the range holds one key
+    (a backfill of one failed partition: Dagster gives such a run no partition key, so it
+    runs as an array of one task, whose payload gets its key); None for a step of an
+    unpartitioned asset or op, and for a run of one partition (``dagster/partition``), which
+    stays one job as any other step."""
+    if context.has_partition_key or not context.has_partition_key_range:
         return None
     try:
         keys = [str(key) for key in context.partition_keys]
     except Exception:  # noqa: BLE001 - a context that cannot list its keys runs as one job
         return None
-    return keys if len(keys) > 1 else None
+    return keys or None
 
 
 def step_context_data(context: OpExecutionContext, extras: Mapping[str, Any] | None) -> PipesContextData:
