@@ -246,3 +246,71 @@ def _queued(env: dict[str, str]) -> list[str]:
 def _payloads(root: Path) -> list[str]:
     out = subprocess.run(["pgrep", "-af", "partition.py"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+DYING = """
+import os, sys
+sys.path.insert(0, {support!r})
+import dagster as dg
+from compute_support import compute
+from arrays_support import partitioned_asset, materialize_range
+from pathlib import Path
+keys = [f"d{{i}}" for i in range(12)]
+instance = dg.DagsterInstance.local_temp(tempdir={home!r})
+asset = partitioned_asset(keys, Path({root!r}), {payload!r}, parallelism=2)
+materialize_range(asset, compute(dict(os.environ), **{settings!r}), instance, keys[0], keys[-1])
+"""
+
+
+def _start_dying_run(env, shared, tmp_path, settings: dict) -> tuple[subprocess.Popen, Path, Path]:
+    """A 12-key run with slow tasks in a process of its own, SIGKILLed (no cleanup) once two
+    tasks run: ``(process, dagster home, array dir)``."""
+    root = shared / "array"
+    _prepare(root)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    payload = write_payload(tmp_path, "partition.py", PAYLOAD)
+    script = write_payload(tmp_path, "run.py", DYING.format(
+        support=str(Path(__file__).parent), home=str(home), root=str(root), payload=payload,
+        settings=settings))
+    proc = subprocess.Popen([sys.executable, script],
+                            env={**os.environ, **env, "ARRAY_TEST_SLEEP": "600"})
+    try:
+        wait_until(lambda: len([q for q in _queued(env) if "RUNNING" in q]) >= 2, 120,
+                   "two tasks running")
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the step process dies without a word
+        proc.wait(30)
+    assert _queued(env), "the array must outlive its step process"
+    return proc, home, root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["slurm"])
+def test_the_orphan_sensor_cancels_the_array_of_a_dead_run(mode, env, shared, tmp_path):
+    from compute_support import slurm_resource
+
+    from dagster_slurm import reconcile_orphaned_slurm_runs
+
+    _, home, _ = _start_dying_run(env, shared, tmp_path, {})
+    instance = dg.DagsterInstance.local_temp(tempdir=str(home))
+    (run,) = instance.get_runs()
+    instance.report_run_failed(run, "the run worker died")
+    slurm = slurm_resource(env)
+    try:
+        reports = reconcile_orphaned_slurm_runs(instance, slurm, heartbeat_timeout=600)
+        assert [r.scope for r in reports] == ["asset"], reports
+        wait_until(lambda: not _queued(env), 30, "the array's tasks out of the queue")
+    finally:
+        slurm.close()
+    assert _materialized(instance) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["slurm"])
+def test_the_dead_mans_switch_of_a_task_cancels_the_whole_array(mode, env, shared, tmp_path):
+    _start_dying_run(env, shared, tmp_path,
+                     {"heartbeat_timeout": 5.0, "allow_short_heartbeat_timeout": True})
+    # no sensor runs: the tasks' own watchdogs see the heartbeat stop and cancel the array,
+    # the tasks still waiting with it
+    wait_until(lambda: not _queued(env), 60, "the array's tasks out of the queue")

@@ -47,6 +47,7 @@ from dagster_slurm.session.orphans.runs import UNFINISHED as _UNFINISHED
 from dagster_slurm.session.orphans.runs import Unknown as _Unknown
 from dagster_slurm.session.orphans.runs import quiet_for as _quiet_for
 from dagster_slurm.session.orphans.runs import run_of as _run_of
+from dagster_slurm.slurm import SqueueRecord
 from dagster_slurm.state.election import SchedulerView, workers_await_head
 from dagster_slurm.state.schema import SessionDocument
 from dagster_slurm.state.transitions import Change, close_session
@@ -194,7 +195,7 @@ def reconcile_orphaned_slurm_runs(
         if not dry_run:
             _act(instance, io, record, report, run)
     for job, reason, run in jobs:
-        queued = snapshot.queue.get(str(job.job_id))
+        queued = _queued_job(snapshot, str(job.job_id))
         if queued is None or queued.name != job.job_name or not queued.state.active:
             continue  # the job has left the queue: nothing to cancel, nothing to fail
         report = OrphanReport(job.run_id, job.job_name, (str(job.job_id),), reason,
@@ -203,6 +204,17 @@ def reconcile_orphaned_slurm_runs(
         if not dry_run:
             _act_on_job(instance, io, report, run)
     return reports
+
+
+def _queued_job(snapshot: StatusSnapshot, job_id: str) -> SqueueRecord | None:
+    """The queue's line of job ``job_id``; for a job array (a partitioned run), the line of
+    one of its tasks that is still active (started as ``<id>_<index>``, or the folded
+    pending rest ``<id>_[...]``), so that an array with any task left counts as queued."""
+    record = snapshot.queue.get(job_id)
+    if record is not None:
+        return record
+    members = [r for key, r in snapshot.queue.items() if key.startswith(f"{job_id}_")]
+    return next((r for r in members if r.state.active), members[0] if members else None)
 
 
 def _with_workers(reason: str, doc: SessionDocument, snapshot: StatusSnapshot,
