@@ -91,7 +91,7 @@ def test_unknown_field_in_a_nested_dictionary_names_its_place() -> None:
 def test_unknown_field_without_a_close_name_lists_the_fields() -> None:
     with pytest.raises(ValidationError) as caught:
         SlurmQueueConfig(zzzz=1)
-    assert "unknown field 'zzzz'; the fields are account, cpus, extra_sbatch_directives" in str(
+    assert "unknown field 'zzzz'; the fields are account, array_parallelism, cpus, extra_sbatch_directives" in str(
         caught.value
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import base64
 import os
 import signal
 import subprocess
@@ -80,7 +81,7 @@ def test_bad_ops_fail_alone(program: Path) -> None:
             {"op": "exec", "argv": ["true"], "requires": [5]},
             {"op": "exec", "argv": ["true"], "requires": [True]},
             {"op": "exec", "argv": ["/nonexistent/binary"]},
-            {"op": "tail", "files": [{"path": "/x", "offset": -1}]},
+            {"op": "tail", "files": [{"path": "/x", "max_bytes": -1}]},
             {"op": "exec", "argv": ["echo", "still fine"]},
         ),
     )
@@ -206,3 +207,16 @@ def test_termination_signals_release_a_held_lock(tmp_path: Path, signum: int) ->
     proc.send_signal(signum)
     assert proc.wait(timeout=10) == 128 + signum
     assert not lock.exists()
+
+
+def test_a_negative_tail_offset_reads_the_end_of_the_file(program: Path, tmp_path: Path) -> None:
+    log = tmp_path / "stderr.log"
+    log.write_bytes(b"first line\nlast line\n")
+    rc, out = run_program(program, ops(
+        {"op": "tail", "files": [{"path": str(log), "offset": -10},
+                                 {"path": str(log), "offset": -1000}]}))
+    assert rc == 0
+    near_end, whole = out["results"][0]["files"]
+    assert base64.b64decode(near_end["data"]) == b"last line\n"
+    assert near_end["offset"] == 21  # where a next read starts
+    assert base64.b64decode(whole["data"]) == b"first line\nlast line\n"
