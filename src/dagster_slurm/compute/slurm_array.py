@@ -26,8 +26,14 @@ from typing import Any
 
 from dagster import OpExecutionContext
 
-from dagster_slurm.agent import exec_op, tail_op
+from dagster_slurm.agent import exec_op, tail_op, write_file_op
 from dagster_slurm.agent.results import TailRequest
+from dagster_slurm.compute.array_attach import (
+    FINISHED_FILE,
+    EarlierArray,
+    find_earlier_array,
+    keys_digest,
+)
 from dagster_slurm.compute.array_poll import ArrayPoll, TaskSeen
 from dagster_slurm.errors import LoginRequired, SchedulerError
 from dagster_slurm.jobs.array_files import ArrayLayout, PartitionTask, tasks_file_content
@@ -108,17 +114,26 @@ class SlurmArrayRunner:
         scheduler = self.slurm.scheduler()
         run_id, step_key = step_identity(context)
         paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)
+        digest = keys_digest(keys)
+        earlier = find_earlier_array(scheduler.agent, paths.step_dir, digest)
+        if earlier is not None:
+            paths = InvocationPaths(paths.base, paths.run_dir, paths.step_dir, earlier.job_dir)
         job_name = job_name_for(run_id, step_key)
-        layout = ArrayLayout(paths.job_dir)
-        tasks = layout.tasks(list(keys))
-        payload = payload_argv(request.payload_path, job_dir=paths.job_dir)
-        chunks = split_for_arrays(len(tasks), max_array_size(scheduler.config()))
-        arrays = [_Array(chunk, self._spec(job_name, paths, layout, n, chunk.size, parallelism,
-                                           request), n,
-                         positions={i: chunk.offset + i for i in range(chunk.size)})
-                  for n, chunk in enumerate(chunks)]  # every spec checked before a submission
-        activation = self.prepare_env(context)
-        files = self._files(context, request, paths, layout, tasks, payload, activation, arrays)
+        max_size = max_array_size(scheduler.config())
+        layout, tasks, payload, arrays = self._plan(job_name, paths, keys, max_size, parallelism,
+                                                    request)
+        attach = earlier is not None and len(arrays) == 1
+        if earlier is not None and not attach:
+            context.log.warning(
+                f"An earlier attempt of this step left job array {earlier.job_id} in "
+                f"{earlier.job_dir}; a run of {len(arrays)} arrays is not attached to, so it "
+                "is cancelled and the keys are submitted again")
+            self._cancel(context, scheduler, [earlier.job_id], RuntimeError("resubmitted"))
+            paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)
+            layout, tasks, payload, arrays = self._plan(job_name, paths, keys, max_size,
+                                                        parallelism, request)
+        files = {} if attach else self._files(context, request, paths, layout, tasks, payload,
+                                              self.prepare_env(context), arrays)
         progress = ArrayProgress(context, tasks)
         poll = ArrayPoll(scheduler, job_name, self.pending, context.log,
                          heartbeat=paths.heartbeat if self.heartbeat_timeout else None)
@@ -131,7 +146,11 @@ class SlurmArrayRunner:
         follower = follower_for(context, self.run_status_interval)
         submitted: list[_Array] = []
         try:
-            self._submit(context, scheduler, poll, arrays[0], paths, files, run_id, step_key, follower)
+            if attach:
+                self._attach(context, poll, arrays[0], earlier)
+            else:
+                self._submit(context, scheduler, poll, arrays[0], paths, files, run_id, step_key,
+                             follower, digest)
             submitted.append(arrays[0])
             queued = list(arrays[1:])
             attempts = 0
@@ -153,13 +172,28 @@ class SlurmArrayRunner:
                                  follower)
                     submitted.append(retry)
         except BaseException as exc:
-            self._cancel(context, scheduler, [a.job_id for a in submitted if a.job_id], exc)
+            self._cancel(context, scheduler, [a.job_id for a in submitted if a.job_id], exc,
+                         finished=paths.file(FINISHED_FILE))
             raise
         self._finish(context, scheduler, progress, poll, submitted, paths, request)
         progress.raise_failures()
         return ArrayInvocation(tuple(progress.results()), progress.summary)
 
     # -- files and submission -------------------------------------------------------------
+    def _plan(self, job_name: str, paths: InvocationPaths, keys: Sequence[str], max_size: int,
+              parallelism: int | None, request: JobRequest
+              ) -> tuple[ArrayLayout, list[PartitionTask], PayloadSpec, list[_Array]]:
+        """The run's tasks and arrays in ``paths`` (every sbatch spec built, so checked,
+        before anything is submitted)."""
+        layout = ArrayLayout(paths.job_dir)
+        tasks = layout.tasks(list(keys))
+        payload = payload_argv(request.payload_path, job_dir=paths.job_dir)
+        arrays = [_Array(chunk, self._spec(job_name, paths, layout, n, chunk.size, parallelism,
+                                           request), n,
+                         positions={i: chunk.offset + i for i in range(chunk.size)})
+                  for n, chunk in enumerate(split_for_arrays(len(tasks), max_size))]
+        return layout, tasks, payload, arrays
+
     def _spec(self, job_name: str, paths: InvocationPaths, layout: ArrayLayout, n: int,
               size: int, parallelism: int | None, request: JobRequest,
               indices: Sequence[int] | None = None) -> SbatchSpec:
@@ -201,6 +235,16 @@ class SlurmArrayRunner:
                 files[paths.upload_target(payload.upload_name)] = (handle.read(), 0o600)
         return files
 
+    def _attach(self, context: OpExecutionContext, poll: ArrayPoll, array: _Array,
+                earlier: EarlierArray | None) -> None:
+        """Follow the array of an earlier attempt instead of submitting one."""
+        assert earlier is not None
+        array.job_id = earlier.job_id
+        poll.submitted(earlier.job_id)
+        context.log.info(f"Reattached to Slurm job array {earlier.job_id}, submitted by an "
+                         "earlier attempt of this step; its tasks are followed from where "
+                         "they are")
+
     def _retry_arrays(self, job_name: str, paths: InvocationPaths, layout: ArrayLayout,
                       arrays: Sequence[_Array], failed: Sequence[int], parallelism: int | None,
                       request: JobRequest) -> list[_Array]:
@@ -226,10 +270,10 @@ class SlurmArrayRunner:
     def _submit(self, context: OpExecutionContext, scheduler: SlurmScheduler, poll: ArrayPoll,
                 array: _Array, paths: InvocationPaths,
                 files: dict[str, tuple[str | bytes, int]], run_id: str, step_key: str,
-                follower: Any) -> None:
+                follower: Any, digest: str | None = None) -> None:
         token = new_token()
         owner = {"run_id": run_id, "step_key": step_key, "job_name": array.spec.job_name,
-                 "array": array.spec.array}
+                 "array": array.spec.array, "keys_sha256": digest}
         waits = self.slurm.limit_wait(
             context.log.info, lambda: follower.check(f"a free slot to submit {array.spec.job_name}"))
         try:
@@ -332,6 +376,7 @@ class SlurmArrayRunner:
         ids = [a.job_id for a in submitted if a.job_id]
         with scheduler.agent.batch() as batch:
             acct = batch.add(scheduler.accounting_op(ids))
+            batch.add(write_file_op(paths.file(FINISHED_FILE), "finished\n"))
             if not progress.failures and not request.defer_cleanup:
                 remove_invocation(batch, paths, paths.run_dir)
         records = scheduler.accounting_records(acct.result())
@@ -367,7 +412,7 @@ class SlurmArrayRunner:
             context.log.warning(warning)
 
     def _cancel(self, context: OpExecutionContext, scheduler: SlurmScheduler,
-                ids: Sequence[str], error: BaseException) -> None:
+                ids: Sequence[str], error: BaseException, finished: str | None = None) -> None:
         """Cancel every array of the run in one scancel (never raises: ``error`` matters
         more); a lost login leaves them as they are (see
         :func:`~dagster_slurm.jobs.cancel.keep_after_lost_login`)."""
@@ -379,6 +424,8 @@ class SlurmArrayRunner:
         try:
             scheduler.cancel(list(ids))
             context.log.warning(f"Cancelled Slurm job array(s) {', '.join(ids)}")
+            if finished is not None:  # not to be attached to by a retry of the step
+                scheduler.agent.run(write_file_op(finished, "cancelled\n"))
         except Exception as exc:  # noqa: BLE001 - the original error matters more
             context.log.error(f"could not cancel Slurm job array(s) {', '.join(ids)}: {exc}; "
                               f"cancel them with `scancel {' '.join(ids)}`")
