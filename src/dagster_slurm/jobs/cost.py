@@ -75,13 +75,15 @@ def run_summary(figures: Iterable[Mapping[str, Any]]) -> dict[str, float | None]
 def efficiency_warning(summary: Mapping[str, Any], threshold: float | None, *,
                        cpus: int | None, mem: str | None) -> str | None:
     """A line telling which request to lower when the run's mean CPU or memory efficiency
-    is under ``threshold`` (None: never); None when both are at or above it, or unknown."""
+    is under ``threshold`` (None: never); None when both are at or above it, or unknown,
+    and for CPUs when each task has one CPU (nothing to lower)."""
     if threshold is None:
         return None
     advice = []
     cpu = summary.get("dagster_slurm/run_mean_cpu_efficiency")
     memory = summary.get("dagster_slurm/run_mean_memory_efficiency")
-    if isinstance(cpu, (int, float)) and cpu < threshold:
+    # one CPU per task cannot be lowered: no advice about CPUs then
+    if isinstance(cpu, (int, float)) and cpu < threshold and (cpus is None or cpus > 1):
         advice.append(f"CPU efficiency {cpu:.0%} of {cpus or '?'} CPU(s) per task: ask for fewer "
                       "CPUs (cpus / cpus_per_task), or make the payload use them")
     if isinstance(memory, (int, float)) and memory < threshold:
