@@ -135,6 +135,11 @@ class SbatchSpec:
                 raise ConfigurationError(
                     f"het_components[{index}]", component, "must be a HetComponentSpec"
                 )
+        if self.array is not None and self.het_components:
+            raise ConfigurationError(
+                "array", self.array,
+                "cannot be combined with het_components: Slurm runs no heterogeneous job arrays"
+            )
         self._normalise()
 
     def _normalise(self) -> None:
