@@ -60,7 +60,9 @@ MANAGED_OPTION_ADVICE: dict[str, str] = {
     "nodelist": _FIELD.format("nodelist"),
     "exclusive": _FIELD.format("exclusive"),
     "export": _SET_BY_LIBRARY + " (the environment is prepared by the launcher)",
-    "array": "is not supported: each submission is one job",
+    "array": "is set by the library, which makes the job arrays of partitioned runs itself "
+    "(compute.run over several partition keys, at most array_parallelism tasks at once); "
+    "do not pass --array yourself",
     "hold": _SET_BY_LIBRARY + " (held submissions are requested explicitly)",
     "requeue": _FIELD.format("requeue") + " (run allocations are never requeued)",
     "no-requeue": _FIELD.format("requeue") + " (False, the default, passes --no-requeue)",

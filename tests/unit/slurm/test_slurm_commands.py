@@ -68,6 +68,20 @@ GOLDEN_SPECS: dict[str, tuple[SbatchSpec, bool]] = {
         SbatchSpec(job_name="dg-env", script_path="job.sh", export=None, time_limit="UNLIMITED"),
         False,
     ),
+    "array": (
+        SbatchSpec(
+            job_name="dg-arr-7f3a",
+            script_path="/home/u/pipelines/run-7f3a/dagster_slurm_array_0.sh",
+            partition="cpu",
+            time_limit="10",
+            cpus_per_task=1,
+            mem="500M",
+            comment="tok-arr",
+            output="/home/u/pipelines/run-7f3a/array-0.out",
+            array="0-4,7,9-12%3",
+        ),
+        False,
+    ),
     "hetjob": (
         SbatchSpec(
             job_name="dg-het",
