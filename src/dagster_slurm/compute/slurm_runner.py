@@ -20,6 +20,7 @@ cancelled, as there is nothing left to cancel.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from dagster import OpExecutionContext, PipesClientCompletedInvocation
 from dagster_slurm.errors import LoginRequired, SchedulerError
 from dagster_slurm.jobs.cancel import cancel_by_token, cancel_quietly, keep_after_lost_login
 from dagster_slurm.jobs.contexts import step_identity
+from dagster_slurm.jobs.cost import requested_memory_bytes
 from dagster_slurm.jobs.errors import JobOutcome, SlurmJobLost, SlurmSubmissionError
 from dagster_slurm.jobs.files import invocation_files, remove_invocation, tail_reader
 from dagster_slurm.jobs.final_accounting import (
@@ -39,6 +41,7 @@ from dagster_slurm.jobs.final_accounting import (
     once_per_run,
 )
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
+from dagster_slurm.jobs.metrics import observed_wait
 from dagster_slurm.jobs.outcome import outcome_error
 from dagster_slurm.jobs.paths import InvocationPaths, job_name_for
 from dagster_slurm.jobs.pending import PendingPolicy, PendingTracker, nodes_of
@@ -116,6 +119,11 @@ class SlurmJob(PreparedJob):
     #: The scheduler's clock when the call was prepared (before the submission): accounting
     #: that answered after it is only restarting if it fails at the job's end.
     prepared_at: float = 0.0
+    #: This process's monotonic clock when sbatch answered, and at the first status poll
+    #: that saw the job started (None until then): the queue wait the library observed,
+    #: used where accounting has no ``Planned`` figure.
+    submitted_at: float | None = None
+    started_at: float | None = None
 
 
 class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
@@ -198,6 +206,7 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             # token in its comment and cancel it, so nothing is left behind.
             cancel_by_token(job.scheduler, spec.job_name, token, job.context.log)
             raise
+        job.submitted_at = time.monotonic()
         others = "".join(f" + {c.num_nodes or 1} node(s) in {c.partition or 'the same partition'}"
                          for c in spec.het_components)  # a heterogeneous job's later components
         job.context.log.info(
@@ -230,6 +239,10 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
             follower.check(f"Slurm job {handle}")
 
         def on_poll(observation: JobObservation) -> None:
+            state = observation.state
+            if (job.started_at is None and state is not None and state.active
+                    and not state.pending):
+                job.started_at = time.monotonic()  # the first start, to within a poll
             tracker(observation)
             if not observation.terminal:
                 follow()
@@ -276,7 +289,8 @@ class SlurmRunner(PipesJobRunner[SlurmJob, str, JobObservation]):
                                started=job.prepared_at) if acct else None)
         if error is not None:
             raise error
-        metrics = observed_metrics(result, read)
+        metrics = observed_metrics(result, read, requested_mem_bytes=requested_memory_bytes(job.spec),
+                                   observed_wait=observed_wait(job.submitted_at, job.started_at))
         warning = (once_per_run(lag_warning(handle, read, metrics), read.value,
                                 scheduler.accounting_outlook, step_identity(job.context)[0])
                    if read is not None else None)

@@ -169,18 +169,22 @@ def job_accounting(
     )
 
 
-def observed_metrics(observation: JobObservation, read: FinalRead[AccountingAnswer] | None) -> JobMetrics:
+def observed_metrics(observation: JobObservation, read: FinalRead[AccountingAnswer] | None, *,
+                     requested_mem_bytes: int | None = None,
+                     observed_wait: float | None = None) -> JobMetrics:
     """The metrics of a job that ended, from its accounting ``read`` (None: not read) and
     the watcher's last ``observation``: a final accounting record when there is one (read
     afterwards, or the one the observation itself came from), else the observed state and
-    node list with the observation's source and no other figure."""
+    node list with the observation's source and no other figure. ``requested_mem_bytes``
+    and ``observed_wait`` are passed to :func:`~dagster_slurm.jobs.metrics.from_sacct`."""
     record = read.value.record if read is not None and read.value is not None else None
     if (record is None or not record.state.terminal) and observation.accounting is not None:
         record = observation.accounting
     nodes = observation.queue.node_list if observation.queue is not None else None
     state = observation.state.value if observation.state is not None else None
     return from_sacct(observation.job_id, record, observation.exit_code, state,
-                      source=observation.source, nodes=nodes)
+                      source=observation.source, nodes=nodes,
+                      requested_mem_bytes=requested_mem_bytes, observed_wait=observed_wait)
 
 
 def lag_warning(job_id: str, read: FinalRead[AccountingAnswer], metrics: JobMetrics) -> str | None:
