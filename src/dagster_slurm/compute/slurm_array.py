@@ -120,7 +120,7 @@ class SlurmArrayRunner:
             paths = InvocationPaths(paths.base, paths.run_dir, paths.step_dir, earlier.job_dir)
         job_name = job_name_for(run_id, step_key)
         max_size = max_array_size(scheduler.config())
-        layout, tasks, payload, arrays = self._plan(job_name, paths, keys, max_size, parallelism,
+        layout, tasks, payload, arrays = self._arrays(job_name, paths, keys, max_size, parallelism,
                                                     request)
         attach = earlier is not None and len(arrays) == 1
         if earlier is not None and not attach:
@@ -130,7 +130,7 @@ class SlurmArrayRunner:
                 "is cancelled and the keys are submitted again")
             self._cancel(context, scheduler, [earlier.job_id], RuntimeError("resubmitted"))
             paths = InvocationPaths.create(self.slurm.base_path(), run_id, step_key)
-            layout, tasks, payload, arrays = self._plan(job_name, paths, keys, max_size,
+            layout, tasks, payload, arrays = self._arrays(job_name, paths, keys, max_size,
                                                         parallelism, request)
         files = {} if attach else self._files(context, request, paths, layout, tasks, payload,
                                               self.prepare_env(context), arrays)
@@ -180,7 +180,7 @@ class SlurmArrayRunner:
         return ArrayInvocation(tuple(progress.results()), progress.summary)
 
     # -- files and submission -------------------------------------------------------------
-    def _plan(self, job_name: str, paths: InvocationPaths, keys: Sequence[str], max_size: int,
+    def _arrays(self, job_name: str, paths: InvocationPaths, keys: Sequence[str], max_size: int,
               parallelism: int | None, request: JobRequest
               ) -> tuple[ArrayLayout, list[PartitionTask], PayloadSpec, list[_Array]]:
         """The run's tasks and arrays in ``paths`` (every sbatch spec built, so checked,
