@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,11 @@ from dataclasses import dataclass
 
 from dagster import OpExecutionContext
 
-from dagster_slurm.compute.local_runner import current_environment_path, default_local_base
+from dagster_slurm.compute.local_runner import (
+    current_environment_path,
+    default_local_base,
+    terminate_groups,
+)
 from dagster_slurm.jobs.array_files import ArrayLayout, PartitionTask, tasks_file_content
 from dagster_slurm.jobs.array_tasks import ArrayInvocation, ArrayProgress, TaskEnd
 from dagster_slurm.jobs.contexts import step_identity
@@ -163,8 +166,8 @@ class LocalArrayRunner:
                     if running:
                         time.sleep(self.poll_interval)
         except BaseException:
-            for item in running.values():
-                _terminate(item, self.kill_grace)
+            terminate_groups([(item.proc, f"{item.task.dir}/payload.pgid")
+                              for item in running.values()], self.kill_grace)
             raise
 
     def _read(self, progress: ArrayProgress, task: PartitionTask, *, final: bool = False) -> None:
@@ -219,26 +222,3 @@ def _write_private(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
-
-
-def _terminate(item: _Running, grace: float) -> None:
-    """TERM the task's process group (the script forwards it), then KILL what is left."""
-    try:
-        os.killpg(item.proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and item.proc.poll() is None:
-        time.sleep(0.05)
-    groups = [item.proc.pid]
-    try:
-        with open(f"{item.task.dir}/payload.pgid") as handle:
-            groups.append(int(handle.read().strip()))
-    except (OSError, ValueError):
-        pass
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    item.proc.wait()

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,7 +168,7 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
                          usage.ru_maxrss, proc.pid)
 
     def _terminate(self, job: LocalJob, handle: LocalProcess, error: BaseException) -> None:
-        _terminate_group(handle.proc, self.kill_grace, job.paths.pid)
+        terminate_groups([(handle.proc, job.paths.pid)], self.kill_grace)
 
     def _outcome(self, job: LocalJob, handle: LocalProcess, result: LocalExit,
                  pipes: Any) -> PipesClientCompletedInvocation:
@@ -198,27 +199,31 @@ def current_environment_path() -> dict[str, str]:
     return {"PATH": path if path.split(os.pathsep)[0] == bin_dir else f"{bin_dir}{os.pathsep}{path}"}
 
 
-def _terminate_group(proc: subprocess.Popen, grace: float, pid_file: str) -> None:
-    """TERM the script's group (it forwards to the payload), then KILL both groups."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    groups = [proc.pid]
-    try:
-        with open(pid_file) as handle:
-            groups.append(int(handle.read().strip()))
-    except (OSError, ValueError):
-        pass
-    for group in groups:
+def terminate_groups(processes: Sequence[tuple[subprocess.Popen, str]], grace: float) -> None:
+    """TERM the group of each job script (it forwards to its payload), wait up to ``grace``
+    seconds for all of them together, then KILL each script's group and its payload's group
+    (read from its pid file, when the payload started)."""
+    for proc, _ in processes:
         try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
             pass
-    proc.wait()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(proc.poll() is None for proc, _ in processes):
+        time.sleep(0.05)
+    for proc, pid_file in processes:
+        groups = [proc.pid]
+        try:
+            with open(pid_file) as handle:
+                groups.append(int(handle.read().strip()))
+        except (OSError, ValueError):
+            pass
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        proc.wait()
 
 
 def _remove_tree(path: str) -> None:
