@@ -192,7 +192,7 @@ class LocalArrayRunner:
         metrics = from_local(f"local-{item.proc.pid}", code, elapsed, cpu,
                              usage.ru_maxrss)  # type: ignore[attr-defined]
         figures = {**metrics.as_metadata(), **cost_figures(
-            elapsed_seconds=elapsed, cpus=None, gpus=0, max_rss_bytes=metrics.max_rss_bytes,
+            elapsed_seconds=elapsed, cpus=None, gpus=None, max_rss_bytes=metrics.max_rss_bytes,
             requested_mem_bytes=None, cpu_efficiency=metrics.cpu_efficiency,
             queue_wait_seconds=item.waited)}
         end = TaskEnd(metrics.job_id, "COMPLETED" if code == 0 else "FAILED", code, figures)

@@ -3,7 +3,8 @@
 Figures, all numbers so Dagster plots them over time (None where not known):
 
 * ``dagster_slurm/cpu_hours``: CPUs allocated x elapsed, in hours (what the site charges);
-* ``dagster_slurm/gpu_hours``: GPUs allocated x elapsed, in hours (0 without GPUs);
+* ``dagster_slurm/gpu_hours``: GPUs allocated x elapsed, in hours (None where accounting
+  shows no GPUs: a job without GPUs and a site that does not record them look the same);
 * ``dagster_slurm/memory_efficiency``: peak RSS / memory requested (per node);
 * ``dagster_slurm/cpu_efficiency``: CPU time / (elapsed x CPUs allocated), as reported;
 * ``dagster_slurm/queue_wait_seconds``: from submission to start: Slurm's own figure
@@ -38,7 +39,7 @@ def cost_figures(*, elapsed_seconds: float | None, cpus: int | None, gpus: int |
     hours = None if elapsed_seconds is None else elapsed_seconds / 3600
     return {
         "dagster_slurm/cpu_hours": _round(None if hours is None or cpus is None else hours * cpus),
-        "dagster_slurm/gpu_hours": _round(None if hours is None else hours * (gpus or 0)),
+        "dagster_slurm/gpu_hours": _round(None if hours is None or gpus is None else hours * gpus),
         "dagster_slurm/memory_efficiency": _round(
             None if max_rss_bytes is None or not requested_mem_bytes
             else max_rss_bytes / requested_mem_bytes),

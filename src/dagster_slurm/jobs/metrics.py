@@ -134,13 +134,10 @@ class JobMetrics:
         accounting shows allocated (None where it shows none: a job without GPUs and a site
         that does not record them look the same, so no 0 is made up), memory efficiency from
         MaxRSS over ``requested_mem_bytes``, and ``queue_wait_seconds``."""
-        figures = cost_figures(
+        return cost_figures(
             elapsed_seconds=self.elapsed_seconds, cpus=self.cpus, gpus=self.gpu.allocated,
             max_rss_bytes=self.max_rss_bytes, requested_mem_bytes=self.requested_mem_bytes,
             cpu_efficiency=self.cpu_efficiency, queue_wait_seconds=self.queue_wait_seconds)
-        if self.gpu.allocated is None:
-            figures["dagster_slurm/gpu_hours"] = None
-        return figures
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
