@@ -19,10 +19,11 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dagster import OpExecutionContext
 
+from dagster_slurm.agent.results import TailRequest
 from dagster_slurm.compute.local_runner import (
     current_environment_path,
     default_local_base,
@@ -31,13 +32,15 @@ from dagster_slurm.compute.local_runner import (
 from dagster_slurm.jobs.array_files import ArrayLayout, PartitionTask, tasks_file_content
 from dagster_slurm.jobs.array_tasks import ArrayInvocation, ArrayProgress, TaskEnd
 from dagster_slurm.jobs.contexts import step_identity
-from dagster_slurm.jobs.cost import cost_figures, run_summary
+from dagster_slurm.jobs.cost import run_summary
 from dagster_slurm.jobs.follow import DEFAULT_RUN_STATUS_INTERVAL, follower_for
 from dagster_slurm.jobs.metrics import from_local
 from dagster_slurm.jobs.partitions import partition_context_data, step_context_data
 from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.jobs.runner import JobRequest
 from dagster_slurm.launchers.base import ExecutionPlan, payload_argv
+from dagster_slurm.pipes.sources import read_local_chunk
+from dagster_slurm.scheduler.observations import parse_exit_code
 
 __all__ = ["LocalArrayRunner"]
 
@@ -172,50 +175,44 @@ class LocalArrayRunner:
 
     def _read(self, progress: ArrayProgress, task: PartitionTask, *, final: bool = False) -> None:
         tailed = progress.messages_of(task.position)
-        try:
-            with open(task.messages, "rb") as handle:
-                handle.seek(tailed.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            data = b""
-        tailed.offset += len(data)
-        if data or final:
-            progress.feed(task.position, data, final=final)
+        while True:
+            chunk = read_local_chunk(TailRequest(task.messages, tailed.offset))
+            tailed.offset = chunk.offset
+            if chunk.data or (final and chunk.eof):
+                progress.feed(task.position, chunk.data, final=final and chunk.eof)
+            if chunk.eof:
+                return
 
     def _finish(self, progress: ArrayProgress, item: _Running, status: int, usage: object) -> None:
         self._read(progress, item.task, final=True)
-        code = _recorded_status(item.task) or os.waitstatus_to_exitcode(status)
+        recorded = _recorded_status(item.task)
+        code = recorded if recorded is not None else os.waitstatus_to_exitcode(status)
         if code < 0:
             code = 128 - code
         elapsed = time.monotonic() - item.started
         cpu = usage.ru_utime + usage.ru_stime  # type: ignore[attr-defined]
-        metrics = from_local(f"local-{item.proc.pid}", code, elapsed, cpu,
-                             usage.ru_maxrss)  # type: ignore[attr-defined]
-        figures = {**metrics.as_metadata(), **cost_figures(
-            elapsed_seconds=elapsed, cpus=None, gpus=None, max_rss_bytes=metrics.max_rss_bytes,
-            requested_mem_bytes=None, cpu_efficiency=metrics.cpu_efficiency,
-            queue_wait_seconds=item.waited)}
+        metrics = replace(from_local(f"local-{item.proc.pid}", code, elapsed, cpu,
+                                     usage.ru_maxrss),  # type: ignore[attr-defined]
+                          queue_wait_seconds=item.waited)  # the wait for a place in the pool
+        figures = metrics.as_metadata()
         end = TaskEnd(metrics.job_id, "COMPLETED" if code == 0 else "FAILED", code, figures)
         progress.finish(item.task.position, end, stdout_tail=_tail(item.task.stdout),
                         stderr_tail=_tail(item.task.stderr))
 
 
 def _recorded_status(task: PartitionTask) -> int | None:
+    """The exit status the job script wrote for the task (None: none, or unreadable)."""
     try:
         with open(task.status) as handle:
-            text = handle.read().strip()
+            return parse_exit_code(handle.read())
     except OSError:
         return None
-    return int(text) if text.lstrip("-").isdigit() else None
 
 
 def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(path) - TAIL_BYTES))
-            return handle.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    """The last :data:`TAIL_BYTES` of ``path`` as text (empty when it cannot be read)."""
+    return read_local_chunk(TailRequest(path, -TAIL_BYTES, TAIL_BYTES)).data.decode(
+        "utf-8", "replace")
 
 
 def _write_private(path: str, text: str) -> None:

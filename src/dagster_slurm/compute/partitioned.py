@@ -20,6 +20,7 @@ from dagster_slurm.jobs.array_tasks import ArrayInvocation
 from dagster_slurm.jobs.pending import PendingPolicy
 from dagster_slurm.jobs.runner import JobRequest
 from dagster_slurm.launchers.bash import BashLauncher
+from dagster_slurm.slurm.array_spec import validate_array_parallelism
 
 
 class ComputeSettings(Protocol):
@@ -29,7 +30,6 @@ class ComputeSettings(Protocol):
     allocation_scope: Any
     slurm: Any
     local_base_path: str | None
-    pipes_poll_interval: float
     run_status_interval: float
     heartbeat_timeout: float | None
     efficiency_warning_below: float | None
@@ -40,15 +40,11 @@ __all__ = ["check_array_arguments", "run_partitions"]
 def check_array_arguments(array_parallelism: object, array_retries: object) -> tuple[int | None, int]:
     """The checked ``array_parallelism`` (None or >= 1) and ``array_retries`` (>= 0) of a
     ``compute.run`` call; :class:`ConfigurationError` naming the argument otherwise."""
-    if array_parallelism is not None and (isinstance(array_parallelism, bool)
-                                          or not isinstance(array_parallelism, int)
-                                          or array_parallelism < 1):
-        raise ConfigurationError("array_parallelism", array_parallelism,
-                                 "must be a whole number of at least 1, or None")
+    parallelism = validate_array_parallelism("array_parallelism", array_parallelism)
     if isinstance(array_retries, bool) or not isinstance(array_retries, int) or array_retries < 0:
         raise ConfigurationError("array_retries", array_retries,
                                  "must be a whole number of at least 0")
-    return array_parallelism, array_retries
+    return parallelism, array_retries
 
 
 def check_partitioned_step(resource: ComputeSettings, request: JobRequest) -> None:
@@ -88,7 +84,6 @@ def run_partitions(resource: ComputeSettings, context: OpExecutionContext, reque
     assert resource.slurm is not None
     runner = SlurmArrayRunner(
         resource.slurm, pending, prepare_env,
-        poll_interval=resource.pipes_poll_interval,
         run_status_interval=resource.run_status_interval,
         heartbeat_timeout=resource.heartbeat_timeout,
         efficiency_warning_below=resource.efficiency_warning_below)

@@ -42,7 +42,6 @@ from dagster_slurm.jobs.cancel import keep_after_lost_login
 from dagster_slurm.jobs.contexts import step_identity
 from dagster_slurm.jobs.cost import (
     DEFAULT_EFFICIENCY_WARNING,
-    cost_figures,
     efficiency_warning,
     requested_memory_bytes,
     run_summary,
@@ -58,7 +57,7 @@ from dagster_slurm.jobs.runner import JobRequest
 from dagster_slurm.jobs.signals import drain_signal_of
 from dagster_slurm.launchers.base import ExecutionPlan, PayloadSpec, payload_argv
 from dagster_slurm.resources.slurm import SlurmResource
-from dagster_slurm.scheduler.client import SlurmScheduler, new_token
+from dagster_slurm.scheduler.client import SlurmScheduler, new_token, parse_exit_code
 from dagster_slurm.scheduler.watcher import heartbeat_content
 from dagster_slurm.slurm.arrays import (
     ArrayChunk,
@@ -94,7 +93,6 @@ class SlurmArrayRunner:
 
     def __init__(self, slurm: SlurmResource, pending: PendingPolicy,
                  prepare_env: Callable[[OpExecutionContext], str | None], *,
-                 poll_interval: float = 0.25,
                  run_status_interval: float = DEFAULT_RUN_STATUS_INTERVAL,
                  heartbeat_timeout: float | None = None,
                  efficiency_warning_below: float | None = DEFAULT_EFFICIENCY_WARNING) -> None:
@@ -102,7 +100,6 @@ class SlurmArrayRunner:
         self.slurm = slurm
         self.pending = pending
         self.prepare_env = prepare_env
-        self.poll_interval = poll_interval
         self.run_status_interval = run_status_interval
         self.heartbeat_timeout = heartbeat_timeout
 
@@ -341,7 +338,7 @@ class SlurmArrayRunner:
             messages, status = chunks[2 * n], chunks[2 * n + 1]
             tailed = progress.messages_of(task.position)
             tailed.offset = messages.offset
-            code = _exit_code(status.data) if status.exists else None
+            code = parse_exit_code(status.data) if status.exists else None
             ended = state.gone or (state.state is not None and state.state.terminal)
             progress.feed(task.position, messages.data, final=ended)
             if not ended:
@@ -389,14 +386,10 @@ class SlurmArrayRunner:
                 end = progress.ends.get(position) if position is not None else None
                 if position is None or end is None or end.job_id != f"{array.job_id}_{index}":
                     continue
-                metrics = from_sacct(end.job_id, record, end.exit_code, end.state, "squeue")
-                wait = (record.planned_seconds if record.planned_seconds is not None
-                        else poll.queue_wait(array.job_id, index))
-                progress.add_figures(position, {**metrics.as_metadata(), **cost_figures(
-                    elapsed_seconds=metrics.elapsed_seconds, cpus=metrics.cpus,
-                    gpus=metrics.gpu.allocated, max_rss_bytes=metrics.max_rss_bytes,
-                    requested_mem_bytes=requested, cpu_efficiency=metrics.cpu_efficiency,
-                    queue_wait_seconds=wait)})
+                metrics = from_sacct(end.job_id, record, end.exit_code, end.state, "squeue",
+                                     requested_mem_bytes=requested,
+                                     observed_wait=poll.queue_wait(array.job_id, index))
+                progress.add_figures(position, metrics.as_metadata())
         progress.summary = {
             "dagster_slurm/mode": "slurm",
             "dagster_slurm/array_job_ids": ",".join(ids),
@@ -429,11 +422,6 @@ class SlurmArrayRunner:
         except Exception as exc:  # noqa: BLE001 - the original error matters more
             context.log.error(f"could not cancel Slurm job array(s) {', '.join(ids)}: {exc}; "
                               f"cancel them with `scancel {' '.join(ids)}`")
-
-
-def _exit_code(data: bytes) -> int | None:
-    text = data.decode("utf-8", "replace").strip().split()
-    return int(text[0]) if text and text[0].lstrip("-").isdigit() else None
 
 
 def _task_end(seen: TaskSeen, code: int | None) -> TaskEnd:

@@ -12,8 +12,9 @@ The same figures under the published package's key names (``slurm_job_id``,
 
 A job that ended is never reported with a state it has left (PENDING, RUNNING, ...):
 accounting that does not show a final state yet (slurmdbd has not caught up) gives no
-state and no figures (but the queue wait the library observed itself); the state then comes from what the library observed itself (the last
-``squeue``, the job's exit-status file) and ``dagster_slurm/state_source`` says which.
+state and no figures but the queue wait the library observed itself; the state then comes
+from what the library observed itself (the last ``squeue``, the job's exit-status file) and
+``dagster_slurm/state_source`` says which.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class JobMetrics:
     fields where it recorded none). ``requested_mem_bytes`` is the memory the job asked for
     per node (None: none asked for, or unknown, as for a step and in local mode), and
     ``queue_wait_seconds`` the time from submission to start (see :func:`queue_wait`; None
-    when not known, and always in local mode, which has no queue).
+    when not known; in local mode None, but for a partition's process the time it waited
+    for a place in the pool).
     """
 
     mode: str

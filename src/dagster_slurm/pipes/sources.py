@@ -103,12 +103,15 @@ class LocalFileSource:
 
 
 def read_local_chunk(request: TailRequest) -> TailChunk:
-    """Read one file of this machine as the agent's ``tail`` would."""
+    """Read one file of this machine as the agent's ``tail`` would (a negative offset
+    counts from the end: the last ``-offset`` bytes)."""
     path, offset = request.path, request.offset
     exists, size = False, None
     try:
         with open(path, "rb") as f:
             exists, size = True, os.fstat(f.fileno()).st_size
+            if offset < 0:
+                offset = max(0, size + offset)
             if offset > size:
                 return TailChunk(path, True, size, offset, b"", True, True)
             f.seek(offset)

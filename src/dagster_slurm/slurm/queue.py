@@ -19,6 +19,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dagster_slurm.config_errors import KnownFieldsOnly
 from dagster_slurm.errors import ConfigurationError
+from dagster_slurm.slurm.array_spec import validate_array_parallelism
 from dagster_slurm.slurm.commands import SbatchSpec
 from dagster_slurm.slurm.directives import validate_extra_sbatch_directives
 from dagster_slurm.slurm.validation import (
@@ -132,9 +133,7 @@ class SlurmQueueConfig(Config, KnownFieldsOnly):
     @field_validator("array_parallelism")
     @classmethod
     def _check_parallelism(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError(f"array_parallelism={value!r}: must be at least 1, or None")
-        return value
+        return validate_array_parallelism("array_parallelism", value)
 
     @field_validator("num_nodes", "cpus")
     @classmethod

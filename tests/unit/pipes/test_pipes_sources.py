@@ -8,7 +8,12 @@ import pytest
 
 from dagster_slurm.agent.client import AgentClient
 from dagster_slurm.agent.results import TailRequest
-from dagster_slurm.pipes.sources import AgentFileSource, FileSource, LocalFileSource
+from dagster_slurm.pipes.sources import (
+    AgentFileSource,
+    FileSource,
+    LocalFileSource,
+    read_local_chunk,
+)
 
 
 def _scenario(tmp_path: Path) -> list[TailRequest]:
@@ -67,3 +72,22 @@ def test_sources_satisfy_the_protocol(source_type: type, agent_client: AgentClie
     source = source_type(agent_client) if source_type is AgentFileSource else source_type()
     assert isinstance(source, FileSource)
     assert type(source).__name__ in repr(source)
+
+
+def test_reads_from_an_offset_and_says_where_the_next_read_starts(tmp_path):
+    path = tmp_path / "out.log"
+    path.write_bytes(b"first line\nlast line\n")
+    chunk = read_local_chunk(TailRequest(str(path), 6, 5))
+    assert (chunk.data, chunk.offset, chunk.eof) == (b"line\n", 11, False)
+
+
+def test_a_negative_offset_reads_the_end_as_the_agent_does(tmp_path):
+    path = tmp_path / "out.log"
+    path.write_bytes(b"first line\nlast line\n")
+    assert read_local_chunk(TailRequest(str(path), -10)).data == b"last line\n"
+    assert read_local_chunk(TailRequest(str(path), -1000)).data == b"first line\nlast line\n"
+
+
+def test_a_missing_file_is_empty_and_at_its_end(tmp_path):
+    chunk = read_local_chunk(TailRequest(str(tmp_path / "none"), 0))
+    assert not chunk.exists and chunk.data == b"" and chunk.eof
