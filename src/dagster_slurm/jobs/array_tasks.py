@@ -186,7 +186,8 @@ class ArrayProgress:
         self._messages = {t.position: _TaskMessages(context, t) for t in self.tasks}
         self.ends: dict[int, TaskEnd] = {}
         self.failures: dict[int, TaskFailure] = {}
-        self._metadata: dict[tuple[int, AssetKey], dict[str, Any]] = {}
+        #: position -> asset key -> the partition's metadata so far (succeeded tasks only)
+        self._metadata: dict[int, dict[AssetKey, dict[str, Any]]] = {}
         self.summary: dict[str, Any] = {}
         self._asset_context = AssetExecutionContext(context) if context.has_assets_def else None
         self._asset_keys: list[AssetKey] = (sorted(context.selected_asset_keys, key=str)
@@ -228,7 +229,7 @@ class ArrayProgress:
         keys = self._asset_keys or [k for k in reported if k is not None]
         for asset_key in keys:
             metadata = {**reported.get(asset_key, reported.get(None, {})), **end.figures}
-            self._metadata[(position, asset_key)] = metadata
+            self._metadata.setdefault(position, {})[asset_key] = metadata
             self._add_metadata(asset_key, task.key, metadata)
         self.context.log.info(f"[{task.key}] task {end.job_id} completed")
 
@@ -245,10 +246,9 @@ class ArrayProgress:
                                                   failure.stdout_tail, failure.stderr_tail,
                                                   failure.pipes_error)
             return
-        for (pos, asset_key), metadata in self._metadata.items():
-            if pos == position:
-                metadata.update(figures)
-                self._add_metadata(asset_key, self.tasks[position].key, metadata)
+        for asset_key, metadata in self._metadata.get(position, {}).items():
+            metadata.update(figures)
+            self._add_metadata(asset_key, self.tasks[position].key, metadata)
 
     def _add_metadata(self, asset_key: AssetKey, key: str, metadata: Mapping[str, Any]) -> None:
         if self._asset_context is None:
@@ -263,8 +263,7 @@ class ArrayProgress:
             self.ends.pop(position, None)
             self.failures.pop(position, None)
             self._messages[position] = _TaskMessages(self.context, self.tasks[position])
-            for key in [k for k in self._metadata if k[0] == position]:
-                del self._metadata[key]
+            self._metadata.pop(position, None)
 
     # -- the end --------------------------------------------------------------------------
     def raise_failures(self) -> None:
@@ -276,7 +275,7 @@ class ArrayProgress:
                      and t.position not in self.failures]
         for task in succeeded:
             for asset_key in self._asset_keys:
-                metadata = self._metadata.get((task.position, asset_key), {})
+                metadata = self._metadata.get(task.position, {}).get(asset_key, {})
                 self.context.log_event(AssetMaterialization(
                     asset_key=asset_key, partition=task.key,
                     metadata={k: v for k, v in metadata.items() if v is not None}))
