@@ -439,6 +439,17 @@ class KnownFieldsOnly(BaseModel):
     renamed_fields: ClassVar[tuple[RenamedField, ...]] = ()
     withdrawn_fields: ClassVar[tuple[WithdrawnField, ...]] = ()
     removed_fields: ClassVar[Mapping[str, str]] = {}
+    #: Dagster infers this class's config schema once, not at every construction
+    #: (:mod:`dagster_slurm.schema_cache`).
+    config_schema_cached: ClassVar[bool] = True
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if "dagster" in sys.modules:  # a Dagster class: its constructor infers the schema
+            from dagster_slurm.schema_cache import install
+
+            install()
 
     @model_validator(mode="wrap")
     @classmethod

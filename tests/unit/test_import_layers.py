@@ -36,7 +36,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2] / "src"
 
 #: The layers, lowest first; the one table of the contract (drawn in docs/design.md).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "backoff", "protocol"),
+    ("errors", "backoff", "protocol", "schema_cache"),
     ("config_errors",),
     ("slurm", "transport"),
     ("agent",),
