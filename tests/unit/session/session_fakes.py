@@ -233,6 +233,8 @@ class FakeCluster:
     def poll_files(self, job_name: str, job_id: str, paths: Sequence[str], *,
                    with_status: bool) -> FilesPoll:
         self._count("poll_files")
+        if with_status:
+            self._count("poll_files_with_squeue")
         status = self._snapshot([job_name]) if with_status else None
         return FilesPoll({path: self._file_text(path) for path in paths}, status)
 

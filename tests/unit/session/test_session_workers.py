@@ -23,6 +23,7 @@ from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.session import RunSession
 from dagster_slurm.session.workers.job_script import worker_start_args, worker_submission
 from dagster_slurm.session.workers.submit import (
+    JOIN_POLL_INTERVAL,
     WorkerAllocation,
     joined_ids,
     parse_ray_nodes,
@@ -179,6 +180,30 @@ def test_waiting_starts_the_head_first_and_records_the_join():
     assert record.ray_node_ids == {"g1": "aa", "g2": "bb"} and record.nodes == ["g1", "g2"]
     assert 30 <= cluster.clock.t < 45  # polled with a backoff, not a busy loop
     assert cluster.calls["poll_files"] < 20
+
+
+def test_a_running_allocations_join_is_seen_at_once_without_more_squeue():
+    """Once the job runs, its nodes' announcement is read every JOIN_POLL_INTERVAL seconds,
+    while squeue keeps the backoff's pace."""
+    session, cluster = _session()
+    head = _running_head(session, cluster)
+    worker = session.add_worker_allocation(GPU)
+    paths = session.paths
+    start = cluster.clock.t
+    cluster.clock.at(start + 3, lambda: cluster.start(worker.job_id, nodes=("g1", "g2")))
+
+    def join() -> None:
+        cluster.files[paths.nodes(worker.job_id)] = "g1\ng2\n"
+        cluster.files[paths.ray_nodes(worker.job_id)] = f"g1 aa {head}\ng2 bb {head}\n"
+
+    cluster.clock.at(start + 20.05, join)
+    cluster.calls.clear()
+    assert session.wait_for_worker_allocation(worker, timeout=300) == ["aa", "bb"]
+    assert cluster.clock.t <= start + 20.05 + JOIN_POLL_INTERVAL + 1e-6
+    # squeue at the backoff's pace alone, as before: at 0, 1, 2.5, 4.75 (runs: the backoff
+    # starts again), 5.75, 7.25, 9.5, 12.9 and 18 s, not once per file read
+    assert cluster.calls["poll_files_with_squeue"] <= 9
+    assert cluster.calls["poll_files"] > 50
 
 
 def test_waiting_times_out_naming_the_job():

@@ -13,7 +13,8 @@ call :func:`add_worker_allocation` and :func:`wait_for_worker_allocation` here.
   (:mod:`dagster_slurm.session.workers.job_script`) joins the head named in the session's
   ``ray_head`` file, waiting for one if the job starts first.
 * **Waiting** polls the job's ``nodes``, ``ray_nodes`` and ``state`` files together with
-  squeue (one round trip per poll, backing off), logs the pending reason and start estimate
+  squeue (one round trip per poll, backing off; once the job runs, the files alone every
+  :data:`JOIN_POLL_INTERVAL` seconds between those polls), logs the pending reason and start estimate
   while the job is PENDING, and returns the Ray node ids once every node joined the same
   head, after recording them (``record_worker_joined``). A session whose head has not
   started yet gets it first (``session.ensure``), so waiting works before the run's first
@@ -170,12 +171,25 @@ def joined_ids(nodes: list[str], joined: dict[str, tuple[str, str]]) -> list[str
     return [joined[host][0] for host in nodes]
 
 
+#: Seconds between reads of a running worker allocation's files while its nodes join: the
+#: nodes announce their join in ``ray_nodes`` themselves, so this bounds how late the wait
+#: sees it. Such a read is one round trip to the login node and no scheduler call; squeue is
+#: asked at the backoff's pace only (to see the job end).
+JOIN_POLL_INTERVAL = 0.2
+
+
 def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAllocation,
                                timeout: float | None = None, logger: Any = None) -> list[str]:
     """Block until every node of ``allocation`` joined the run's Ray head; their Ray node
     ids, in the order of the allocation's hosts. Raises :class:`SessionError` when the job
     ends (or releases itself) first, :class:`TimeoutError` after ``timeout`` seconds (None:
-    no limit); the allocation stays in both cases."""
+    no limit); the allocation stays in both cases.
+
+    While the job is queued each poll reads its files and squeue (backing off from 1 s to
+    10 s). Once it runs, its files are read every :data:`JOIN_POLL_INTERVAL` seconds
+    without squeue, which is still asked at the backoff's pace: the scheduler sees no more
+    calls than before, and the join is seen within a fifth of a second of the node's
+    announcement."""
     out = ProgressLog(logger)
     job_id = allocation.job_id
     if session.current.current() is None:
@@ -186,8 +200,10 @@ def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAlloca
     backoff = PollBackoff(initial=1.0, maximum=10.0, factor=1.5)
     deadline = None if timeout is None else session.clock() + timeout
     said, seen = "", ""
+    running, next_status = False, session.clock()
     while True:
-        polled = session.io.poll_files(session.job_name, job_id, files, with_status=True)
+        with_status = not running or session.clock() >= next_status
+        polled = session.io.poll_files(session.job_name, job_id, files, with_status=with_status)
         nodes = [line.strip() for line in (polled.texts[files[0]] or "").splitlines()
                  if line.strip()]
         ids = joined_ids(nodes, parse_ray_nodes(polled.texts[files[1]]))
@@ -200,34 +216,47 @@ def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAlloca
         if word.startswith(RELEASED_PREFIX):
             raise SessionError(f"the worker allocation {job_id} {word} before all its nodes "
                                f"joined; see {paths.output_of(job_id)}")
-        snapshot = polled.status
-        if snapshot is not None and snapshot.certain:
-            ended = snapshot.ended_state(job_id)
-            if ended is not None:
-                raise SessionError(f"the worker allocation {job_id} ended ({ended}) before all "
-                                   f"its nodes joined; see {paths.output_of(job_id)}")
-            observed = snapshot.job(job_id)
-            tracker(observed)
-            if observed.state is JobState.RUNNING:
-                now = (f"Worker allocation {job_id} runs; waiting for its nodes to join "
-                       f"(state {word or 'not written yet'})")
-                if now != said:
-                    out.info(now)
-                    said = now
-        elif snapshot is not None:
-            out.warning(f"the scheduler did not answer ({snapshot.error}); still waiting for "
-                        f"worker allocation {job_id}")
+        if polled.status is not None:
+            running, said = _judge_status(polled.status, job_id, word, said, tracker, out,
+                                          paths.output_of(job_id), running)
         if deadline is not None and session.clock() >= deadline:
             raise TimeoutError(f"the nodes of worker allocation {job_id} did not all join within "
                                f"{timeout:g} s (state {word or 'not written yet'}); it stays "
                                "queued or running: wait again, or remove it")
-        # the job started, or its nodes moved on (written, joining): look again soon
         progress = f"{said}|{word}|{len(nodes)}"
-        delay = backoff.observe(progress != seen)
+        if with_status:
+            # the job started, or its nodes moved on (written, joining): look again soon
+            status_delay = backoff.observe(progress != seen)
+            next_status = session.clock() + status_delay
         seen = progress
+        delay = JOIN_POLL_INTERVAL if running else max(0.0, next_status - session.clock())
         if deadline is not None:
             delay = min(delay, max(0.0, deadline - session.clock()))
         session.pause(delay, f"worker allocation {job_id}")
+
+
+def _judge_status(snapshot: Any, job_id: str, word: str, said: str, tracker: PendingTracker,
+                  out: ProgressLog, output: str, running: bool) -> tuple[bool, str]:
+    """What squeue says of a worker allocation whose nodes have not all joined: whether it
+    runs (``running`` when the scheduler did not answer) and the progress line said last.
+    Raises :class:`SessionError` when the job ended."""
+    if not snapshot.certain:
+        out.warning(f"the scheduler did not answer ({snapshot.error}); still waiting for "
+                    f"worker allocation {job_id}")
+        return running, said
+    ended = snapshot.ended_state(job_id)
+    if ended is not None:
+        raise SessionError(f"the worker allocation {job_id} ended ({ended}) before all "
+                           f"its nodes joined; see {output}")
+    observed = snapshot.job(job_id)
+    tracker(observed)
+    if observed.state is not JobState.RUNNING:
+        return False, said
+    now = (f"Worker allocation {job_id} runs; waiting for its nodes to join "
+           f"(state {word or 'not written yet'})")
+    if now != said:
+        out.info(now)
+    return True, now
 
 
 def _record_joined(session: SessionContext, job_id: str, nodes: list[str], ids: list[str],
