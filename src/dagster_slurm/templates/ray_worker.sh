@@ -771,5 +771,12 @@ while :; do
         fi
     fi
     __dw_publish
-    __dw_nap 1
+    # A round a second while steady; five while a head starts here or the head is not live
+    # (a host_head request or a new head is then expected within seconds, and each is seen
+    # a fifth of a second after it was written, not up to a second).
+    if [ "$__dw_host_phase" = starting ] || { [ -z "$__dw_live" ] && [ -n "$__dw_head_job" ]; }; then
+        __dw_nap 0.2
+    else
+        __dw_nap 1
+    fi
 done

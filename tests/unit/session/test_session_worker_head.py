@@ -13,7 +13,12 @@ from typing import Any
 from running_heads import ray_running_head, running_head
 from session_fakes import FakeCluster, FakeJob
 
-from dagster_slurm.session.head.worker_host import HOST_TIMEOUT, host_head_path, host_state_path
+from dagster_slurm.session.head.worker_host import (
+    HOST_POLL_INTERVAL,
+    HOST_TIMEOUT,
+    host_head_path,
+    host_state_path,
+)
 from dagster_slurm.session.workers.removal import remove_worker_allocation
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import election_transitions as et
@@ -79,6 +84,33 @@ def test_a_lost_head_is_replaced_by_the_worker_allocation_hosting_a_control_plan
     assert session.current_allocation() is allocation
     # every later caller gets the same head
     assert session.replace_head(timeout=10).job_id == "900"
+
+
+def test_the_hosted_head_is_seen_at_once_without_more_squeue() -> None:
+    """The elector reads ready and host_head_state every HOST_POLL_INTERVAL seconds, and
+    asks squeue only at its backoff's pace (0.5 s growing to 3 s)."""
+    session, cluster, head = running_head()
+    _add_worker(cluster, session, "900", "g1")
+    _answer(cluster, session, {"900": "ready"})  # 5 s after the request
+    asked: list[float] = []
+    answer = cluster.on_write
+
+    def on_write(files: Any) -> None:
+        if host_head_path(session, "900") in files:
+            asked.append(cluster.clock.t)
+        answer(files)
+
+    cluster.on_write = on_write
+    cluster.end(head, JobState.CANCELLED)
+    assert session.replace_head(timeout=180).job_id == "900"
+    assert asked and cluster.clock.t <= asked[0] + 5 + HOST_POLL_INTERVAL + 1e-6
+    cluster.calls.clear()
+    cluster.end("900", JobState.CANCELLED)
+    _add_worker(cluster, session, "901", "g2")
+    _answer(cluster, session, {"901": "ready"})
+    assert session.replace_head(timeout=180).job_id == "901"
+    # over the 5 s of the wait: squeue at 0, 0.5, 1.25, 2.4 and 4.1 s, not once per read
+    assert cluster.calls["poll_files_with_squeue"] <= 5 < cluster.calls["poll_files"]
 
 
 def test_a_reported_failure_fails_the_claim_and_the_next_worker_allocation_is_elected() -> None:

@@ -2,7 +2,8 @@
 
 The elector asks the chosen worker allocation (``HeadChoice.job_id``) to host a head-only
 control plane by writing ``jobs/<job id>/host_head`` (``term=<term>``). Its batch script
-(``templates/ray_worker.sh``) looks at that file every second: it starts ``ray start --head``
+(``templates/ray_worker.sh``) looks at that file every second, and five times a second
+while the head it follows is not live: it starts ``ray start --head``
 with no CPUs and no GPUs on its first node, next to that node's Ray worker, then the
 session's step server (rendered into the worker's submission directory when it was
 submitted) with ``RAY_ADDRESS`` pointing at the new head. The step server writes the
@@ -11,7 +12,8 @@ job's ``ready`` file. A head that does not start is reported in
 ``jobs/<job id>/host_head_state`` (``failed term=<term> <reason>``).
 
 The elector waits (its claim is renewed meanwhile) for ``started term=<term>`` in
-``host_head_state`` and ``ready`` with a Ray address, then
+``host_head_state`` and ``ready`` with a Ray address (read every
+:data:`HOST_POLL_INTERVAL` seconds, squeue at a backoff's pace), then
 installs the worker allocation as the session's head record
 (:func:`~dagster_slurm.state.election_transitions.install_elected_head`, which releases the
 claim in the same change). A reported failure, the job's end or :data:`HOST_TIMEOUT`
@@ -39,6 +41,12 @@ if TYPE_CHECKING:
 
 #: Seconds the elector waits for a worker allocation's control plane to accept steps.
 HOST_TIMEOUT = 120.0
+
+#: Seconds between the elector's reads of ``ready`` and ``host_head_state`` (one round trip
+#: to the login node, no scheduler call): the head is seen this soon after it reports
+#: itself. squeue, which only tells whether the job ended, is asked at a backoff's pace
+#: (0.5 s growing to 3 s).
+HOST_POLL_INTERVAL = 0.2
 
 
 class WorkerHostFailed(SessionError):
@@ -91,10 +99,12 @@ def host_on_worker(session: SessionContext, choice: HeadChoice, owner: str,
         limit = min(limit, deadline)
     backoff = PollBackoff(initial=0.5, maximum=3.0, factor=1.5)
     ready_path, state_path = session.paths.ready(job_id), host_state_path(session, job_id)
+    next_status = session.clock()
     try:
         while True:
+            with_status = session.clock() >= next_status
             polled = session.io.poll_files(session.job_name, job_id, [ready_path, state_path],
-                                           with_status=True)
+                                           with_status=with_status)
             reason = _failure(polled.texts.get(state_path), term)
             if reason is not None:
                 raise WorkerHostFailed(f"worker allocation {job_id} could not host the head: "
@@ -113,7 +123,9 @@ def host_on_worker(session: SessionContext, choice: HeadChoice, owner: str,
                 raise WorkerHostFailed(
                     f"worker allocation {job_id} did not start a head within "
                     f"{timeout:.0f} s (its log: {session.paths.output.replace('%j', job_id)})")
-            session.pause(backoff.observe(False),
+            if with_status:
+                next_status = session.clock() + backoff.observe(False)
+            session.pause(HOST_POLL_INTERVAL,
                            f"the head control plane of worker allocation {job_id}")
     except BaseException:
         try:
