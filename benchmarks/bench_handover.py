@@ -12,8 +12,9 @@ payload step there. Two cases:
   payload drained.
 
 Printed per case: the gap (seconds from the drain request to the first command of the next
-payload step, read on the node's clock, which is this machine's on the dev cluster) and the
-floor: the promotion, which starts the successor's own Ray cluster and waits until it
+payload step, read on the node's clock, which is this machine's on the dev cluster), its
+parts ``drained`` (the drained payload step returned) and ``running`` (the successor seen
+RUNNING, the promotion starts), and the floor: the promotion, which starts the successor's own Ray cluster and waits until it
 accepts steps (Ray's start is nearly all of it), measured in the same run. The ratio
 gap/floor says how much the relay adds (the drain, the hand-over of the nodes in case (b),
 the first step's launch) to what Ray itself takes.
@@ -25,6 +26,7 @@ environment with ray: ``--env-path`` (pre-deployed) or packed from ``dagster-pip
 
 import argparse
 import os
+import statistics
 import time
 
 import dagster as dg
@@ -95,10 +97,12 @@ def measure(case: str, env_path: str | None) -> dict[str, float]:
         worker.join(120)
         result = drained["result"]
         assert result.drained and result.exit_code == 0, result
+        figures["drained"] = time.time() - start
         if case == "pending":
             first.scheduler.cancel([first.job_id])  # frees the nodes the successor waits for
             _wait_for(lambda: successor.state() is JobState.RUNNING, 180, "the successor")
         promoting = time.time()
+        figures["running"] = promoting - start
         promoted = session.promote_successor()
         promoted_at = time.time()
         step = session.execute_in_session(["date", "+%s.%N"], name="next")
@@ -118,12 +122,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="running,pending")
     parser.add_argument("--env-path", default=os.environ.get("DAGSTER_SLURM_TEST_RAY_ENV_PATH"))
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case (medians)")
     args = parser.parse_args()
-    print(f"{'case':>8} {'gap':>7} {'floor (promotion, Ray start)':>29} {'gap/floor':>10}")
+    print(f"{'case':>8} {'gap':>7} {'floor (promotion, Ray start)':>29} {'gap/floor':>10}"
+          f" {'drained':>8} {'running':>8}")
     for case in args.cases.split(","):
-        f = measure(case, args.env_path)
-        print(f"{case:>8} {f['gap']:>6.1f}s {f['floor']:>28.1f}s {f['gap'] / f['floor']:>10.2f}",
-              flush=True)
+        runs = [measure(case, args.env_path) for _ in range(args.repeat)]
+        for f in runs:
+            _row(case, f)
+        if len(runs) > 1:
+            medians = {key: statistics.median(f[key] for f in runs) for key in runs[0]}
+            gaps = [f["gap"] for f in runs]
+            _row(f"median {case}", medians, f" (gap {min(gaps):.1f}-{max(gaps):.1f})")
+
+
+def _row(case: str, f: dict[str, float], note: str = "") -> None:
+    print(f"{case:>8} {f['gap']:>6.1f}s {f['floor']:>28.1f}s {f['gap'] / f['floor']:>10.2f}"
+          f" {f['drained']:>7.1f}s {f['running']:>7.1f}s{note}", flush=True)
 
 
 if __name__ == "__main__":

@@ -231,6 +231,20 @@ def _scale_out(session: RunSession, remote: _Remote, figures: dict[str, Any]) ->
     return worker
 
 
+class _Timeline:
+    """A logger for ``replace_head`` that keeps each message with its seconds since
+    ``start`` in ``figures["timeline"]`` (printed: where the failover's time goes)."""
+
+    def __init__(self, start: float, figures: dict[str, Any]) -> None:
+        self.start = start
+        self.lines: list[str] = figures.setdefault("timeline", [])
+
+    def _keep(self, message: str, *args: Any) -> None:
+        self.lines.append(f"{time.time() - self.start:5.2f} s  {message % args if args else message}")
+
+    info = warning = debug = error = _keep
+
+
 def _failover(session: RunSession, remote: _Remote, worker: WorkerAllocation,
               figures: dict[str, Any]) -> None:
     """Cancel the head, elect a new one, wait for the worker to follow it; sets ``head``,
@@ -239,7 +253,7 @@ def _failover(session: RunSession, remote: _Remote, worker: WorkerAllocation,
     assert old is not None
     start = time.time()
     remote.run(f"scancel {old.job_id}")
-    head = session.replace_head(timeout=TIMEOUT)
+    head = session.replace_head(timeout=TIMEOUT, logger=_Timeline(start, figures))
     figures["head"] = time.time() - start
     hosted = head.job_id == worker.job_id
     if not (hosted and worker.config.num_nodes == 1):  # else its one node is the head
@@ -321,9 +335,13 @@ def main() -> None:
         for run in range(args.repeat):
             floors.append(measure_floor(remote, activation, run))
             ours.append(measure_session(slurm, remote, activation))
+            timeline = ours[-1].pop("timeline", [])
             shown = {k: round(v, 1) if isinstance(v, float) else v for k, v in ours[-1].items()}
             print(f"run {run + 1}: {shown}; floor "
                   f"{ {k: round(v, 1) for k, v in floors[-1].items()} }", flush=True)
+            print("  failover, seconds after the head's scancel:", flush=True)
+            for line in timeline:
+                print(f"    {line}", flush=True)
     finally:
         slurm.close()
 
