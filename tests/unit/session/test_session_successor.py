@@ -8,6 +8,7 @@ finds the successor in the session document.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from running_heads import CONFIG, new_session, running_head, start_on_promotion
 
 from dagster_slurm.session.core.config import SlurmRunAllocationConfig
 from dagster_slurm.session.core.errors import SessionError
+from dagster_slurm.session.head.handover import START_POLL_INTERVAL, release_allocation
 from dagster_slurm.session.head.successor import inherit_config
 from dagster_slurm.slurm.states import JobState
 from dagster_slurm.state import transitions as tr
@@ -273,3 +275,68 @@ class _Lines:
         self.lines.append(message)
 
     warning = error = debug = info
+
+
+class _Calls:
+    """A SessionIO that records scancel calls in order."""
+
+    def __init__(self, ended: bool = False) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.ended = ended
+
+    def signal_batch(self, job_id: str, signal: str, files: Any = None) -> bool:
+        self.calls.append(("signal_batch", job_id, signal))
+        return not self.ended
+
+    def cancel(self, job_ids: Any = (), *, job_name: Any = None) -> None:
+        self.calls.append(("cancel", *job_ids))
+
+
+@pytest.mark.parametrize("ended", [False, True])
+def test_releasing_with_drain_signal_term_makes_the_batch_shell_leave_first(ended: bool) -> None:
+    """TERM would be taken as a drain (the allocation stays until KillWait): HUP first makes
+    its step server leave, then the cancel; a job that ended meanwhile is still cancelled."""
+    io = _Calls(ended)
+    release_allocation(SimpleNamespace(drain_signal="TERM", io=io), "41")  # type: ignore[arg-type]
+    assert io.calls == [("signal_batch", "41", "HUP"), ("cancel", "41")]
+
+
+@pytest.mark.parametrize("drain", ["USR1", "HUP", "INT"])
+def test_releasing_with_another_drain_signal_is_a_plain_cancel(drain: str) -> None:
+    """scancel's TERM then is not the drain signal: the allocation leaves on it."""
+    io = _Calls()
+    release_allocation(SimpleNamespace(drain_signal=drain, io=io), "41")  # type: ignore[arg-type]
+    assert io.calls == [("cancel", "41")]
+
+
+def test_after_the_release_the_successors_start_is_seen_from_its_output_file() -> None:
+    """Once the predecessor is released, the successor's output file (created by Slurm as
+    it starts) is read every START_POLL_INTERVAL s, and squeue confirms the start at once."""
+    session, cluster, head = running_head()
+    successor = session.submit_successor()
+    cluster.jobs[successor.job_id].reason = "Resources"
+    session.allocation.request_drain = lambda: None  # type: ignore[method-assign]
+    cluster.store.transact(tr.request_drain(None, job_id=head).patch)
+    started: list[float] = []
+
+    def start() -> None:
+        cluster.files[session.paths.output_of(successor.job_id)] = ""
+        cluster.run_without_ready(successor.job_id)
+        start_on_promotion(cluster, successor.job_id)
+
+    def freed() -> None:
+        if head in cluster.cancelled:  # the nodes free, Slurm starts it 4.3 s later
+            started.append(cluster.clock.t + 4.3)
+            cluster.clock.at(started[0], start)
+        else:
+            cluster.clock.at(cluster.clock.t + 0.5, freed)
+
+    cluster.clock.at(0.5, freed)
+    lines: list[tuple[float, str]] = []
+    timed = SimpleNamespace(info=lambda message: lines.append((cluster.clock.t, message)))
+    timed.warning = timed.error = timed.debug = timed.info
+    session.promote_successor(wait=600, logger=timed)
+    runs = [t for t, line in lines if "runs; promoting it" in line]
+    assert started and len(runs) == 1
+    # seen within a read of the file (a squeue backoff step would be 1 s to 15 s)
+    assert runs[0] - started[0] <= START_POLL_INTERVAL + 1e-6

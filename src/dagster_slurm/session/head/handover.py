@@ -30,6 +30,14 @@ if TYPE_CHECKING:
     from dagster_slurm.session.core.context import SessionContext
     from dagster_slurm.state.schema import SessionDocument
 
+#: Seconds after releasing the predecessor during which the wait also reads whether the
+#: successor started (its output file), between two squeue polls: it usually starts within
+#: seconds then, on the nodes just freed.
+START_WATCH = 60.0
+
+#: Seconds between those reads (one round trip to the login node each, no scheduler call).
+START_POLL_INTERVAL = 0.2
+
 
 def await_running(session: SessionContext, job_id: str, predecessor: str | None,
                   doc: SessionDocument, wait: float, out: ProgressLog) -> None:
@@ -40,6 +48,7 @@ def await_running(session: SessionContext, job_id: str, predecessor: str | None,
     backoff = PollBackoff(initial=1.0, maximum=15.0, factor=1.5)
     deadline = session.clock() + wait
     released = predecessor is None
+    released_at: float | None = None
     drained = predecessor is not None and _drain_recorded(doc, predecessor)
     last = "the scheduler has not answered yet"
     while True:
@@ -51,6 +60,7 @@ def await_running(session: SessionContext, job_id: str, predecessor: str | None,
                                    "it started; submit another with submit_successor()")
             observed = snapshot.job(job_id)
             if observed.state is JobState.RUNNING:
+                out.info(f"Successor allocation {job_id} runs; promoting it")
                 return
             tracker(observed)
             if observed.state is not None:
@@ -61,6 +71,7 @@ def await_running(session: SessionContext, job_id: str, predecessor: str | None,
                 drained = drained or _drain_marked(session, predecessor)
                 if drained:
                     released = _release(session, snapshot, predecessor, job_id, out)
+                    released_at = session.clock() if released else None
         else:
             out.warning(f"the scheduler did not answer ({snapshot.error}); still waiting for "
                         f"successor allocation {job_id}")
@@ -68,8 +79,37 @@ def await_running(session: SessionContext, job_id: str, predecessor: str | None,
             raise SessionError(f"the successor allocation {job_id} did not start within "
                                f"{wait:g} s (wait; last seen {last}); it stays queued: call "
                                "promote_successor() again later, or teardown cancels it")
-        session.pause(min(backoff.observe(False), max(0.0, deadline - session.clock())),
-                       f"successor allocation {job_id}")
+        delay = min(backoff.observe(False), max(0.0, deadline - session.clock()))
+        if released_at is not None and session.clock() - released_at < START_WATCH:
+            _watch_start(session, job_id, delay)
+        else:
+            session.pause(delay, f"successor allocation {job_id}")
+
+
+def _watch_start(session: SessionContext, job_id: str, seconds: float) -> None:
+    """Pause up to ``seconds``, reading every :data:`START_POLL_INTERVAL` seconds whether
+    the successor's output file exists (Slurm creates it as the job starts); return early
+    once it does, for squeue to confirm at once."""
+    until = session.clock() + seconds
+    path = session.paths.output_of(job_id)
+    while (remaining := until - session.clock()) > 0:
+        session.pause(min(START_POLL_INTERVAL, remaining), f"successor allocation {job_id}")
+        if session.io.poll_files(session.job_name, job_id, [path],
+                                 with_status=False).texts[path] is not None:
+            return
+
+
+def release_allocation(session: SessionContext, job_id: str) -> None:
+    """Cancel allocation ``job_id``, which runs no payload step, so that it leaves its nodes
+    at once. A plain ``scancel`` sends TERM, which is the allocation's drain signal by
+    default: its batch shell and step server would take it as a drain and stay until
+    Slurm's KillWait (30 s on many sites) ends them with SIGKILL. So when the drain signal is
+    TERM, HUP goes to the batch shell first (``scancel --batch --signal=HUP``): the step
+    server leaves and the batch shell stops its Ray nodes and ends; the ``scancel`` that
+    follows makes the job CANCELLED and signals whatever is left."""
+    if session.drain_signal == "TERM":
+        session.io.signal_batch(job_id, "HUP")  # False: it ended already
+    session.io.cancel([job_id])
 
 
 def _drain_recorded(doc: SessionDocument, predecessor: str) -> bool:
@@ -94,7 +134,7 @@ def _release(session: SessionContext, snapshot: StatusSnapshot, predecessor: str
     steps = session.io.active_steps(predecessor)
     if steps:
         return False  # looked at again on the next poll
-    session.io.cancel([predecessor])
+    release_allocation(session, predecessor)
     out.info(f"Released the drained allocation {predecessor}: its successor {job_id} is "
              "PENDING and may need its nodes")
     return True

@@ -66,7 +66,7 @@ from dagster_slurm.session.core.submission import (
     refuse,
     submit_request,
 )
-from dagster_slurm.session.head.handover import await_running
+from dagster_slurm.session.head.handover import await_running, release_allocation
 from dagster_slurm.session.head.layout import head_request
 from dagster_slurm.session.head.run_tag import publish_promoted
 from dagster_slurm.session.head.standby import render_standby
@@ -448,7 +448,7 @@ def _finish(session: SessionContext, job_id: str, predecessor: str | None, out: 
                         "promote_successor() releases it once they finished (teardown "
                         "cancels it in any case)")
             return
-        session.io.cancel([predecessor])
+        release_allocation(session, predecessor)
         out.info(f"Released the predecessor allocation {predecessor}")
     except DagsterSlurmError as exc:
         out.error(f"could not release the predecessor allocation {predecessor}: {exc}; call "

@@ -812,8 +812,10 @@ __ds_ray_node_main() {
     fi
     unset RAY_ADDRESS
     # On SIGTERM, Ray 2.5x first asks the head to drain the node, for up to 30 s by
-    # default; a batch job has nothing to drain, so keep that short unless set.
-    export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-5}
+    # default (for Ray Serve replicas); a batch job has nothing to drain, and every second
+    # here keeps the allocation's nodes from the next job (Slurm's KillWait ends it with
+    # SIGKILL anyway), so Ray stops at once unless the variable is set.
+    export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
     PYTHONUNBUFFERED=1 "${args[@]}" 2>&1 &
     __ds_ray_node_pid=$!
     printf '%s node=%s state=launched pid=%s\n' "$__ds_ray_marker" "$index" "$__ds_ray_node_pid"
