@@ -8,13 +8,13 @@ payload step there. Two cases:
 * (a) ``running``: the successor is already RUNNING when the drain is requested (the
   allocations take one node each, the partition has two);
 * (b) ``pending``: the successor is PENDING at drain time (each allocation takes both nodes
-  of the partition) and starts only once the predecessor has been cancelled after its
-  payload drained.
+  of the partition) and starts only once the predecessor has gone: ``promote_successor(
+  wait=...)`` releases the drained predecessor and promotes the successor once it runs.
 
 Printed per case: the gap (seconds from the drain request to the first command of the next
 payload step, read on the node's clock, which is this machine's on the dev cluster), its
 parts ``drained`` (the drained payload step returned) and ``running`` (the successor seen
-RUNNING, the promotion starts), and the floor: the promotion, which starts the successor's own Ray cluster and waits until it
+RUNNING, the promotion starts; in case (b) from the library's log line), and the floor: the promotion, which starts the successor's own Ray cluster and waits until it
 accepts steps (Ray's start is nearly all of it), measured in the same run. The ratio
 gap/floor says how much the relay adds (the drain, the hand-over of the nodes in case (b),
 the first step's launch) to what Ray itself takes.
@@ -72,6 +72,24 @@ def _wait_for(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.1)
 
 
+class _Timeline:
+    """A logger for ``promote_successor``: passes each message on and keeps when it came."""
+
+    def __init__(self, log) -> None:  # noqa: ANN001 - Dagster's step log
+        self.log = log
+        self.said: list[tuple[float, str]] = []
+
+    def info(self, message: str, *args) -> None:  # noqa: ANN002
+        self.said.append((time.time(), message))
+        self.log.info(message, *args)
+
+    warning = error = debug = info
+
+    def at(self, words: str) -> float:
+        """When the first message with ``words`` came."""
+        return next(when for when, message in self.said if words in message)
+
+
 def measure(case: str, env_path: str | None) -> dict[str, float]:
     """Seconds of one relay: ``gap`` and ``floor`` (the promotion: the successor's Ray start)."""
     figures: dict[str, float] = {}
@@ -99,11 +117,15 @@ def measure(case: str, env_path: str | None) -> dict[str, float]:
         assert result.drained and result.exit_code == 0, result
         figures["drained"] = time.time() - start
         if case == "pending":
-            first.scheduler.cancel([first.job_id])  # frees the nodes the successor waits for
-            _wait_for(lambda: successor.state() is JobState.RUNNING, 180, "the successor")
-        promoting = time.time()
+            # the library's way: the wait releases the drained predecessor (its nodes are
+            # the ones the successor waits for) and promotes the successor once it runs
+            timeline = _Timeline(context.log)
+            promoted = session.promote_successor(wait=180, logger=timeline)
+            promoting = timeline.at("runs; promoting it")
+        else:
+            promoting = time.time()
+            promoted = session.promote_successor()
         figures["running"] = promoting - start
-        promoted = session.promote_successor()
         promoted_at = time.time()
         step = session.execute_in_session(["date", "+%s.%N"], name="next")
         figures["gap"] = float(step.stdout_tail.strip()) - start
