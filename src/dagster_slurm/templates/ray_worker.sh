@@ -272,6 +272,15 @@ __dw_query() {
     ) 2>/dev/null
 }
 
+# Status 0 while a node runs Ray but its join is not announced yet (no Ray node id).
+__dw_joining() {
+    local i
+    for ((i = 0; i < ${#__dw_hosts[@]}; i++)); do
+        [ -z "${__dw_pids[i]}" ] || [ -n "${__dw_ids[i]}" ] || return 0
+    done
+    return 1
+}
+
 # Rewrite ray_nodes (and the state) from the nodes joined now.
 __dw_publish() {
     local i text="" joined=0 out=""
@@ -771,10 +780,12 @@ while :; do
         fi
     fi
     __dw_publish
-    # A round a second while steady; five while a head starts here or the head is not live
-    # (a host_head request or a new head is then expected within seconds, and each is seen
-    # a fifth of a second after it was written, not up to a second).
-    if [ "$__dw_host_phase" = starting ] || { [ -z "$__dw_live" ] && [ -n "$__dw_head_job" ]; }; then
+    # A round a second while steady; five while a node joins, a head starts here or the head
+    # is not live (a join to announce, a host_head request or a new head is then expected
+    # within seconds, and each is acted on a fifth of a second after it happened, not up to
+    # a second).
+    if [ "$__dw_host_phase" = starting ] || __dw_joining \
+        || { [ -z "$__dw_live" ] && [ -n "$__dw_head_job" ]; }; then
         __dw_nap 0.2
     else
         __dw_nap 1
