@@ -27,12 +27,18 @@ from step_server_stubs import (
 from dagster_slurm.session.core.paths import SessionPaths
 from dagster_slurm.session.core.step_server import render_server
 
-#: The heartbeat limit of the dead-man's switch tests, in whole seconds; the server checks
-#: every 2 s, so a switch that wrongly fired would fire within LIMIT + 2 s.
+#: The server's intervals, shortened through its environment (see the template's pace):
+#: the idle wait (ms), the heartbeat check's period and the KILL after TERM (whole seconds),
+#: the Ray head watcher's probe interval (seconds). A real allocation waits 2000 ms, 2 s,
+#: 10 s and 5 s (test_a_real_allocation_keeps_the_production_pace).
+PACE = {"__DS_SS_IDLE_MS": "200", "__DS_SS_HEARTBEAT_EVERY": "1", "__DS_SS_KILL_AFTER": "1",
+        "__DS_SS_PROBE_EVERY": "0.2"}
+#: The heartbeat limit of the dead-man's switch tests, in whole seconds; the server's clock
+#: counts whole seconds and it checks every second, so a switch that wrongly fired would fire
+#: within LIMIT + 2 s of the server's start.
 LIMIT = 2
-#: How long those tests watch a server that must stay up: the limit, one check interval and
-#: a 2 s margin.
-ALIVE_FOR = LIMIT + 4
+#: How long those tests watch a server that must stay up: that bound and a 1.5 s margin.
+ALIVE_FOR = LIMIT + 3.5
 
 # A step that waits (bounded: it always ends within ~20 s) until a file appears.
 WAIT_LOOP = "for _i in $(seq 200); do [ -e {flag} ] && break; sleep 0.1; done"
@@ -85,6 +91,7 @@ def step_server(tmp_path: Path, *, heartbeat_timeout: float | None = None,
         "SLURM_JOB_ID": JOB_ID,
         "SLURM_JOB_NODELIST": nodelist,
         "SLURMD_NODENAME": "n1",
+        **PACE,
     }
     if ray_address is not None:
         env["RAY_ADDRESS"] = ray_address
@@ -127,6 +134,16 @@ def test_rendered_heartbeat_limit_is_whole_seconds_or_empty(tmp_path: Path) -> N
     paths = SessionPaths.create(str(tmp_path), "run1")
     assert "__ss_heartbeat_timeout=600\n" in render_server(paths, "t", "USR1", 600.7)
     assert "__ss_heartbeat_timeout=''\n" in render_server(paths, "t", "USR1", None)
+
+
+def test_a_real_allocation_keeps_the_production_pace(tmp_path: Path) -> None:
+    # the tests' environment shortens these; a real allocation's sets none of the variables
+    text = render_server(SessionPaths.create(str(tmp_path), "run1"), "t", "USR1", 600)
+    for line in ("__ss_floor_ms=100", "__ss_idle_ms=2000", "__ss_heartbeat_every=2",
+                 "__ss_kill_after=10", "__ss_probe_every=5"):
+        assert f"\n{line}\n" in text
+    for name in PACE:
+        assert f'"${{{name}-}}"' in text
 
 
 def test_server_refuses_to_run_outside_an_allocation(tmp_path: Path) -> None:
@@ -353,20 +370,23 @@ def test_stale_heartbeat_cancels_the_allocation(tmp_path: Path) -> None:
 
 
 @contextmanager
-def beating(server: Server, beat: Callable[[int], None]) -> Iterator[None]:
-    """Call ``beat(n)`` every 0.5 s (n = 1, 2, ...) while the block runs."""
+def beating(server: Server, beat: Callable[[int], None]) -> Iterator[list[float]]:
+    """Call ``beat(n)`` every 0.25 s (n = 1, 2, ...) while the block runs; yields a list
+    that holds the monotonic time at which the last beat started."""
     stop = threading.Event()
+    last = [time.monotonic()]
 
     def loop() -> None:
         n = 0
-        while not stop.wait(0.5):
+        while not stop.wait(0.25):
             n += 1
+            last[0] = time.monotonic()
             beat(n)
 
     beater = threading.Thread(target=loop, daemon=True)
     beater.start()
     try:
-        yield
+        yield last
     finally:
         stop.set()
         beater.join(timeout=5)
@@ -434,13 +454,12 @@ def test_unchanged_content_ends_the_allocation_though_the_file_is_touched(
 
 def test_heartbeat_that_stops_changing_ends_the_allocation(tmp_path: Path) -> None:
     with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
-        with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
+        with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)) as last:
             server.wait_ready()
-            _assert_alive_for(server, 3)
-        stopped = time.monotonic()
+            _assert_alive_for(server, LIMIT + 1)
         scancel = server.logs / "scancel.args"
         wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
-    assert time.monotonic() - stopped >= LIMIT  # the limit counts from the last change
+    assert time.monotonic() - last[0] >= LIMIT  # the limit counts from the last change
     assert read(server.job_dir / "ended_by") == "heartbeat\n"
 
 
@@ -458,17 +477,18 @@ def test_a_ray_head_that_stops_answering_is_recorded_once(tmp_path: Path) -> Non
         marker = server.job_dir / "ray_stopped"
         wait_for(marker.exists, timeout=60, what=f"the ray_stopped marker\n{server.log()}")
         assert marker.read_text().strip().isdigit()
-        assert "does not answer (3 probes, 5 s apart)" in server.log()
+        probe_every = PACE["__DS_SS_PROBE_EVERY"]
+        assert f"does not answer (3 probes, {probe_every} s apart)" in server.log()
         assert server.proc.poll() is None  # the server goes on; the session decides
 
 
 # -- pace and wake-up --------------------------------------------------------------------------
 
-IDLE_LINE = "idle: listing requests every 2 s until woken"
+IDLE_LINE = "idle: listing requests every 0.2 s until woken"
 
 
 def _wait_idle(server: Server, count: int = 1) -> None:
-    """Until the server has logged ``count`` idle spells (its wait reached 2 s)."""
+    """Until the server has logged ``count`` idle spells (its wait reached the idle wait)."""
     wait_for(lambda: server.log().count(IDLE_LINE) >= count, what=f"the idle line\n{server.log()}")
 
 
@@ -521,7 +541,8 @@ def test_a_cancel_wakes_an_idle_server_and_kill_follows_an_ignored_term(tmp_path
         _wait_idle(server)  # a running step alone does not hold the server at its floor
         server.cancel("r1")
         wait_for(lambda: "cancelling step of request r1" in server.log(), what="the cancel")
-        # TERM is ignored: KILL follows (10 s after TERM), and srun's status is recorded
+        # TERM is ignored: KILL follows (__DS_SS_KILL_AFTER after TERM), and srun's status
+        # is recorded
         assert server.status(inv) == str(128 + signal.SIGKILL)
 
 
