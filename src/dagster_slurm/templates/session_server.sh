@@ -86,18 +86,12 @@ __ss_idle_ms=2000
 __ss_heartbeat_every=2
 __ss_kill_after=10
 __ss_probe_every=5
-# A real allocation keeps the numbers above. The unit tests, which run this script on one
-# machine in real time, shorten them through the environment (whole numbers; the probe
-# interval may be a decimal fraction); a value of another form is ignored.
-__ss_pace() {
-    local name=$1 value=$2 form=${3:-'@(0*|*[!0-9]*)'}
-    case $value in '' | $form) return 0 ;; esac
-    printf -v "$name" '%s' "$value"
-}
-__ss_pace __ss_idle_ms "${__DS_SS_IDLE_MS-}"
-__ss_pace __ss_heartbeat_every "${__DS_SS_HEARTBEAT_EVERY-}"
-__ss_pace __ss_kill_after "${__DS_SS_KILL_AFTER-}"
-__ss_pace __ss_probe_every "${__DS_SS_PROBE_EVERY-}" '*[!0-9.]*'
+# A real allocation keeps the numbers above; the unit tests shorten them (see the pace).
+@@include pace.sh
+__ds_pace __ss_idle_ms "${__DS_SS_IDLE_MS-}"
+__ds_pace __ss_heartbeat_every "${__DS_SS_HEARTBEAT_EVERY-}"
+__ds_pace __ss_kill_after "${__DS_SS_KILL_AFTER-}"
+__ds_pace __ss_probe_every "${__DS_SS_PROBE_EVERY-}" decimal
 # The idle wait in seconds, as the log says it (2, or 0.2).
 __ss_idle_text=$((__ss_idle_ms / 1000))
 if [ $((__ss_idle_ms % 1000)) -ne 0 ]; then

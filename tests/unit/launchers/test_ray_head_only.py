@@ -13,6 +13,10 @@ from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.head.layout import RunLayout
 
+#: The stub Ray head listens on a port of 21000-21499, a real one on a port the script
+#: picks: under pytest-xdist these tests run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray_ports")
+
 
 @pytest.fixture
 def cluster(tmp_path: Path):

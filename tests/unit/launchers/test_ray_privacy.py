@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 
+#: The stub Ray head listens on a port of 21000-21499, a real one on a port the script
+#: picks: under pytest-xdist these tests run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray_ports")
+
 
 @pytest.fixture
 def cluster(tmp_path: Path):

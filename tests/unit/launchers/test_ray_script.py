@@ -25,6 +25,10 @@ from dagster_slurm.launchers.base import ExecutionPlan
 from dagster_slurm.launchers.ray_ports import PORT_OFFSETS, RayPortConfig, hash_block_index
 from dagster_slurm.launchers.ray_script import RAY_START_FAILED_STATUS
 
+#: The stub Ray head listens on a port of 21000-21499, a real one on a port the script
+#: picks: under pytest-xdist these tests run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray_ports")
+
 
 @pytest.fixture
 def cluster(tmp_path: Path):
