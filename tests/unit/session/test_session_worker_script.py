@@ -118,6 +118,9 @@ def test_without_a_live_head_it_releases_itself_after_rejoin_timeout(tmp_path):
 def test_a_cancellation_while_waiting_releases_it(tmp_path, signal_name):
     with worker(tmp_path) as w:
         wait_for(lambda: w.state() == "waiting", "the waiting state")
+        # the main loop's own line: bash runs a SIGINT trap even while it parses a command
+        # substitution, which fails that trap, and the script's start has many of them
+        wait_for(lambda: "waiting for the run's Ray head" in w.log(), "the waiting line")
         w.proc.send_signal(getattr(signal, signal_name))
         assert w.exit_code() == 128 + getattr(signal, signal_name)
         assert w.state() == "released cancelled"
