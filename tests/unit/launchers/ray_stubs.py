@@ -205,7 +205,7 @@ class StubCluster:
         values.setdefault(
             "port_config",
             RayPortConfig(
-                range_start=21000, range_end=21499, block_size=100, lock_dir=str(self.locks)
+                range_start=31000, range_end=31499, block_size=100, lock_dir=str(self.locks)
             ),
         )
         return RayLauncher(**values)  # type: ignore[arg-type]

@@ -13,9 +13,10 @@ from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.head.layout import RunLayout
 
-#: The stub Ray head listens on a port of 21000-21499, a real one on a port the script
-#: picks: under pytest-xdist these tests run on one worker, one at a time.
-pytestmark = pytest.mark.xdist_group("ray_ports")
+#: The stub Ray heads listen on ports of 31000-31499 (outside the range real Ray heads take
+#: their blocks from), each test with a lock directory of its own: under pytest-xdist
+#: these tests run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("stub_ray_ports")
 
 
 @pytest.fixture
