@@ -24,10 +24,6 @@ CONFIG = ROOT / "mkdocs.yml"
 HOOK = ROOT / "docs" / "hooks" / "config_reference.py"
 REFERENCE_HTML = Path("reference") / "configuration" / "index.html"
 
-#: The tests share one build (a module fixture): under pytest-xdist they run on one worker,
-#: which builds the site once.
-pytestmark = pytest.mark.xdist_group("docs_build")
-
 
 def _require_mkdocs() -> None:
     if importlib.util.find_spec("mkdocs") is None:

@@ -24,8 +24,6 @@ RAY = os.path.join(BIN, "ray")
 
 pytestmark = [
     pytest.mark.slow,
-    # one at a time, also under pytest-xdist
-    pytest.mark.xdist_group("real_ray"),
     # CI installs the ray extra (scripts/test.sh): there a missing ray must fail, not skip.
     pytest.mark.skipif(
         not os.access(RAY, os.X_OK) and os.environ.get("CI") != "true",

@@ -8,15 +8,13 @@ from pathlib import Path
 import pytest
 from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 
-#: The stub Ray heads listen on ports of 31000-31499 (outside the range real Ray heads take
-#: their blocks from), each test with a lock directory of its own: under pytest-xdist
-#: these tests run on one worker, one at a time.
-pytestmark = pytest.mark.xdist_group("stub_ray_ports")
+#: The port range of this module's stub Ray heads (see ray_stubs).
+PORTS = (30500, 30999)
 
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    stub = StubCluster.create(tmp_path)
+    stub = StubCluster.create(tmp_path, ports=PORTS)
     yield stub
     kill_stub_processes(stub)
 

@@ -25,10 +25,7 @@ from dagster_slurm.launchers.base import ExecutionPlan
 from dagster_slurm.launchers.ray_ports import PORT_OFFSETS, RayPortConfig, hash_block_index
 from dagster_slurm.launchers.ray_script import RAY_START_FAILED_STATUS
 
-#: The stub Ray heads listen on ports of 31000-31499 (outside the range real Ray heads take
-#: their blocks from), each test with a lock directory of its own: under pytest-xdist
-#: these tests run on one worker, one at a time.
-pytestmark = pytest.mark.xdist_group("stub_ray_ports")
+#: The stub Ray heads of this module listen on ports of 31000-31799 (see ray_stubs).
 
 
 @pytest.fixture
