@@ -5,8 +5,9 @@
 #
 # Without arguments the unit tests (tests/unit: no cluster, mostly CPU) run in a second
 # pytest process beside the integration tests (tests/integration: mostly waiting on the one
-# dev cluster, one test at a time), at a lower CPU priority; the unit run's output follows
-# the integration run's. Then a second dev cluster with the other Slurm release (24.11 on
+# dev cluster, one test at a time), at a lower CPU priority and on two pytest-xdist workers
+# (the tests of one module on one worker, see addopts in pyproject.toml); the unit run's
+# output follows the integration run's. Then a second dev cluster with the other Slurm release (24.11 on
 # Debian 12, 22.05 on Debian 13; SECOND_SLURM_RELEASE overrides, "none" skips it) comes up
 # in /tmp/dslurm-2411 with port offset 1000 and the release_subset integration tests run
 # against it (scripts/second_release.sh); test.sh stops that cluster again only if it
@@ -42,7 +43,7 @@ fi
 
 unit_log=$(mktemp "${TMPDIR:-/tmp}/dagster-slurm-unit.XXXXXX")
 trap 'rm -f -- "$unit_log"' EXIT
-nice -n 10 .venv/bin/python -m pytest tests/unit -p no:cacheprovider >"$unit_log" 2>&1 &
+nice -n 10 .venv/bin/python -m pytest tests/unit -p no:cacheprovider -n 2 >"$unit_log" 2>&1 &
 unit_pid=$!
 .venv/bin/python -m pytest tests/integration --ignore=tests/integration/test_login_nodes.py
 integration_rc=$?

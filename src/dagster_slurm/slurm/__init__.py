@@ -8,6 +8,9 @@ unreadable fields are None. Job states are the :class:`JobState` enum.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from dagster_slurm.slurm.accounting import SacctRecord, SacctStep, parse_sacct
 from dagster_slurm.slurm.commands import (
     SACCT_FIELDS,
@@ -40,7 +43,6 @@ from dagster_slurm.slurm.parsers import (
     parse_squeue,
     parse_test_only,
 )
-from dagster_slurm.slurm.queue import SlurmQueueConfig
 from dagster_slurm.slurm.states import (
     ACTIVE_STATES,
     FAILURE_STATES,
@@ -101,3 +103,20 @@ __all__ = [
     "validate_slurm_name",
     "validate_walltime",
 ]
+
+if TYPE_CHECKING:
+    from dagster_slurm.slurm.queue import SlurmQueueConfig
+
+
+def __getattr__(name: str) -> Any:
+    # SlurmQueueConfig is a Dagster Config, imported on first use: the rest of this layer
+    # (and the agent client, which reads Slurm versions) does not need Dagster.
+    if name != "SlurmQueueConfig":
+        raise AttributeError(f"module 'dagster_slurm.slurm' has no attribute {name!r}")
+    value = getattr(importlib.import_module("dagster_slurm.slurm.queue"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"SlurmQueueConfig"})

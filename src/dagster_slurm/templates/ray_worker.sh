@@ -73,6 +73,21 @@ __ds_ray_extra_args=(@@{ray_start_args})
 # the head-only 'ray start --head' (the launcher's, then no CPUs and no GPUs).
 __dw_step_server=@@{step_server}
 __dw_head_args=(@@{head_start_args})
+# The pace: a round of the main loop every second (every 0.2 s while a node joins, a head
+# starts here or the head is not live), the head's GCS port looked at every 5 s
+# at most, the nodes' Ray ids asked every 2 s at most, a drain's round every 2 s. A real
+# allocation keeps these; the unit tests shorten them (see the pace).
+__dw_round=1
+__dw_quick_round=0.2
+__dw_live_every=5
+__dw_ids_every=2
+__dw_drain_round=2
+@@include pace.sh
+__ds_pace __dw_round "${__DS_DW_ROUND-}" decimal
+__ds_pace __dw_quick_round "${__DS_DW_ROUND-}" decimal
+__ds_pace __dw_live_every "${__DS_DW_LIVE_EVERY-}"
+__ds_pace __dw_ids_every "${__DS_DW_IDS_EVERY-}"
+__ds_pace __dw_drain_round "${__DS_DW_DRAIN_ROUND-}" decimal
 
 __dw_job=${SLURM_JOB_ID:?a worker allocation runs inside a Slurm allocation}
 __dw_job_dir="$__dw_session_dir/jobs/$__dw_job"
@@ -324,7 +339,8 @@ __dw_learn_ids() {
                 "node at ${items[-1]} yet (node query: python3 with the ray package)"
         fi
     done
-    [ "${#items[@]}" -gt 0 ] && [ $((SECONDS - __dw_ids_asked)) -ge 2 ] || return 0
+    [ "${#items[@]}" -gt 0 ] && [ $((SECONDS - __dw_ids_asked)) -ge "$__dw_ids_every" ] \
+        || return 0
     __dw_ids_asked=$SECONDS
     while read -r item id; do
         for k in "${!items[@]}"; do
@@ -357,10 +373,11 @@ __dw_port_open() {
 }
 
 # Whether the current head is live (__dw_live: 1 or ''): its GCS port, looked at every 5 s
-# at most, and squeue, asked every 30 s at most (and at once for a new head).
+# at most (__dw_live_every), and squeue, asked every 30 s at most (and at once for a new
+# head).
 __dw_check_live() {
     local state rc
-    [ $((SECONDS - __dw_live_checked)) -ge 5 ] || return 0
+    [ $((SECONDS - __dw_live_checked)) -ge "$__dw_live_every" ] || return 0
     __dw_live_checked=$SECONDS
     __dw_live=""
     [ -n "$__dw_head_job" ] || return 0
@@ -557,7 +574,7 @@ __dw_drain_all() {
             reported=$SECONDS
             __dw_log "draining: node(s)$left still busy; $((__dw_deadline - now)) s to the deadline"
         fi
-        __dw_nap 2
+        __dw_nap "$__dw_drain_round"
     done
     __dw_release drained 0
 }
@@ -786,8 +803,8 @@ while :; do
     # a second).
     if [ "$__dw_host_phase" = starting ] || __dw_joining \
         || { [ -z "$__dw_live" ] && [ -n "$__dw_head_job" ]; }; then
-        __dw_nap 0.2
+        __dw_nap "$__dw_quick_round"
     else
-        __dw_nap 1
+        __dw_nap "$__dw_round"
     fi
 done

@@ -81,6 +81,23 @@ __ss_last_check=0
 # timed work waits (a drain to deliver, a cancelled step to KILL).
 __ss_floor_ms=100
 __ss_idle_ms=2000
+# Its other intervals: the heartbeat check's period and the KILL after a cancel's TERM (whole
+# seconds), and the Ray head watcher's probe interval (seconds).
+__ss_heartbeat_every=2
+__ss_kill_after=10
+__ss_probe_every=5
+# A real allocation keeps the numbers above; the unit tests shorten them (see the pace).
+@@include pace.sh
+__ds_pace __ss_idle_ms "${__DS_SS_IDLE_MS-}"
+__ds_pace __ss_heartbeat_every "${__DS_SS_HEARTBEAT_EVERY-}"
+__ds_pace __ss_kill_after "${__DS_SS_KILL_AFTER-}"
+__ds_pace __ss_probe_every "${__DS_SS_PROBE_EVERY-}" decimal
+# The idle wait in seconds, as the log says it (2, or 0.2).
+__ss_idle_text=$((__ss_idle_ms / 1000))
+if [ $((__ss_idle_ms % 1000)) -ne 0 ]; then
+    printf -v __ss_idle_text '%d.%03d' $((__ss_idle_ms / 1000)) $((__ss_idle_ms % 1000))
+    __ss_idle_text=${__ss_idle_text%%+(0)}
+fi
 __ss_wait_ms=$__ss_floor_ms
 __ss_busy=""
 __ss_pending=""
@@ -227,10 +244,10 @@ if [ -n "${RAY_ADDRESS:-}" ]; then
 fi
 __ss_log "accepting steps on $__ss_head (allocation $__ss_job${RAY_ADDRESS:+, Ray at $RAY_ADDRESS})"
 
-# With Ray, a watcher in the background probes the head's GCS port every 5 s; after three
-# failed probes in a row it writes <job dir>/ray_stopped (epoch seconds) once and ends: the
-# head's Ray stopped while the job runs, which the session's head check reads to elect a new
-# head. It ends by itself once this server is gone.
+# With Ray, a watcher in the background probes the head's GCS port every 5 s (the probe
+# interval); after three failed probes in a row it writes <job dir>/ray_stopped (epoch
+# seconds) once and ends: the head's Ray stopped while the job runs, which the session's
+# head check reads to elect a new head. It ends by itself once this server is gone.
 __ss_ray_watch() {
     local host=${RAY_ADDRESS%:*} port=${RAY_ADDRESS##*:} failed=0 nap
     local -a probe=(bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port")
@@ -244,11 +261,12 @@ __ss_ray_watch() {
         fi
         if [ "$failed" -ge 3 ]; then
             __ss_write_atomic "$__ss_job_dir/ray_stopped" "$(date +%s)"
-            __ss_log "the Ray head at $RAY_ADDRESS does not answer (3 probes, 5 s apart);" \
+            __ss_log "the Ray head at $RAY_ADDRESS does not answer (3 probes," \
+                "$__ss_probe_every s apart);" \
                 "recorded in $__ss_job_dir/ray_stopped for the session's head check"
             return 0
         fi
-        sleep 5 & nap=$!
+        sleep "$__ss_probe_every" & nap=$!
         wait "$nap"
     done
 }
@@ -348,7 +366,7 @@ __ss_cancels() {
             kill -TERM "${__ss_pids[$id]}" 2>/dev/null || :
             __ss_killed_at[$id]=$now
             __ss_busy=1
-        elif [ $((now - __ss_killed_at[$id])) -ge 10 ]; then
+        elif [ $((now - __ss_killed_at[$id])) -ge "$__ss_kill_after" ]; then
             kill -KILL "${__ss_pids[$id]}" 2>/dev/null || :
         fi
     done
@@ -382,7 +400,7 @@ __ss_pause() {
     elif [ "$ms" -ge "$__ss_idle_ms" ]; then
         ms=$__ss_idle_ms
         [ "$__ss_wait_ms" -ge "$__ss_idle_ms" ] \
-            || __ss_log "idle: listing requests every $((__ss_idle_ms / 1000)) s until woken"
+            || __ss_log "idle: listing requests every $__ss_idle_text s until woken"
     fi
     __ss_wait_ms=$ms
     __ss_found="by the listing"
@@ -406,7 +424,7 @@ __ss_pause() {
 __ss_check_heartbeat() {
     [ -n "$__ss_heartbeat_timeout" ] || return 0
     __hb_clock
-    [ $((__hb_now - __ss_last_check)) -ge 2 ] || return 0
+    [ $((__hb_now - __ss_last_check)) -ge "$__ss_heartbeat_every" ] || return 0
     __ss_last_check=$__hb_now
     if __hb_stale "$__ss_heartbeat_file" "$__ss_heartbeat_timeout"; then
         __ss_log "no supervisor heartbeat for $__hb_age s (the heartbeat file's content has not" \

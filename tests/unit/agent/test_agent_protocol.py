@@ -100,9 +100,19 @@ def test_bad_ops_fail_alone(program: Path) -> None:
     assert out["results"][-1]["stdout"] == "still fine\n"
 
 
+def _ended(pid: int) -> bool:
+    """Process ``pid`` is gone or a zombie (an orphan nobody reaps here)."""
+    try:
+        record = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return record.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def test_exec_timeout_kills_the_process_group(program: Path, tmp_path: Path) -> None:
-    marker = tmp_path / "child-survived"
-    script = f"(sleep 2; touch {marker}) & sleep 30"
+    marker, child = tmp_path / "child-survived", tmp_path / "child.pid"
+    # the child (a subshell in the command's process group) would touch the marker in 2 s
+    script = f"(sleep 2; touch {marker}) & echo $! > {child}; sleep 30"
     start = time.monotonic()
     rc, out = run_program(
         program, ops({"op": "exec", "argv": ["sh", "-c", script], "timeout": 0.5})
@@ -110,8 +120,11 @@ def test_exec_timeout_kills_the_process_group(program: Path, tmp_path: Path) -> 
     assert time.monotonic() - start < 10
     result = out["results"][0]
     assert result["error"]["type"] == "CommandTimeout" and result["rc"] is None
-    time.sleep(2.5)
-    assert not marker.exists()
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 10
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _ended(pid) and not marker.exists()  # it ended without touching the marker
 
 
 def test_exec_passes_stdin_env_and_cwd_without_a_shell(program: Path, tmp_path: Path) -> None:

@@ -151,9 +151,17 @@ class StubCluster:
     locks: Path
     job_id: str
     env: dict[str, str] = field(default_factory=dict)
+    #: The port range of :meth:`launcher` (first and last port): each test module has one of
+    #: its own (see ``create``).
+    ports: tuple[int, int] = (31000, 31499)
 
     @classmethod
-    def create(cls, root: Path, *, flock: bool = True, ss: bool = True) -> StubCluster:
+    def create(cls, root: Path, *, flock: bool = True, ss: bool = True,
+               ports: tuple[int, int] = (31000, 31499)) -> StubCluster:
+        """``ports``: the range the stub Ray heads listen in. Real Ray heads take their
+        blocks from 10000-29999 and the kernel hands out 32768 and up; the test modules
+        take ranges of their own from 30000-32767, so that pytest-xdist can run two
+        modules at once (it runs the tests of one module on one worker, one at a time)."""
         bin_dir, log, job, locks = (root / "bin", root / "log", root / "job", root / "locks")
         for directory in (bin_dir, log, job, locks):
             directory.mkdir()
@@ -188,7 +196,7 @@ class StubCluster:
             "SLURM_CPUS_ON_NODE": "2",
             "REAL_SS": shutil.which("ss") or "",
         }
-        return cls(root, bin_dir, log, job, locks, job_id, env)
+        return cls(root, bin_dir, log, job, locks, job_id, env, ports)
 
     def plan(self, payload: tuple[str, ...], mode: str = "slurm") -> ExecutionPlan:
         return ExecutionPlan(
@@ -204,9 +212,8 @@ class StubCluster:
     def launcher(self, **values: object) -> RayLauncher:
         values.setdefault(
             "port_config",
-            RayPortConfig(
-                range_start=21000, range_end=21499, block_size=100, lock_dir=str(self.locks)
-            ),
+            RayPortConfig(range_start=self.ports[0], range_end=self.ports[1], block_size=100,
+                          lock_dir=str(self.locks)),
         )
         return RayLauncher(**values)  # type: ignore[arg-type]
 

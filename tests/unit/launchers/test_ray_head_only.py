@@ -13,10 +13,13 @@ from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 from dagster_slurm.session.core.worker_config import SlurmWorkerAllocationConfig
 from dagster_slurm.session.head.layout import RunLayout
 
+#: The port range of this module's stub Ray heads (see ray_stubs).
+PORTS = (30000, 30499)
+
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    stub = StubCluster.create(tmp_path)
+    stub = StubCluster.create(tmp_path, ports=PORTS)
     yield stub
     kill_stub_processes(stub)
 

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 from ray_stubs import ENV_PAYLOAD, StubCluster, kill_stub_processes, options
 
+#: The port range of this module's stub Ray heads (see ray_stubs).
+PORTS = (30500, 30999)
+
 
 @pytest.fixture
 def cluster(tmp_path: Path):
-    stub = StubCluster.create(tmp_path)
+    stub = StubCluster.create(tmp_path, ports=PORTS)
     yield stub
     kill_stub_processes(stub)
 

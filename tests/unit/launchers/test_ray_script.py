@@ -25,6 +25,8 @@ from dagster_slurm.launchers.base import ExecutionPlan
 from dagster_slurm.launchers.ray_ports import PORT_OFFSETS, RayPortConfig, hash_block_index
 from dagster_slurm.launchers.ray_script import RAY_START_FAILED_STATUS
 
+#: The stub Ray heads of this module listen on ports of 31000-31799 (see ray_stubs).
+
 
 @pytest.fixture
 def cluster(tmp_path: Path):
@@ -57,7 +59,7 @@ def test_two_nodes_start_run_the_payload_and_stop(cluster: StubCluster) -> None:
     assert "--disable-usage-stats" in head
     # Every port of a node comes from one block of the range.
     base = int(head_opts["port"])
-    assert (base - 21000) % 100 == 0
+    assert (base - 31000) % 100 == 0
     assert int(head_opts["node-manager-port"]) == base + PORT_OFFSETS["node_manager"]
     assert int(head_opts["dashboard-port"]) == base + PORT_OFFSETS["dashboard"]
     assert int(head_opts["max-worker-port"]) == base + 99
@@ -146,7 +148,7 @@ def test_head_that_fails_is_named(cluster: StubCluster) -> None:
 def test_without_flock_random_falls_back_to_hash_jobid(tmp_path: Path) -> None:
     cluster = StubCluster.create(tmp_path, flock=False)
     config = RayPortConfig(
-        range_start=21000, range_end=21499, block_size=100, lock_dir=str(cluster.locks)
+        range_start=31000, range_end=31499, block_size=100, lock_dir=str(cluster.locks)
     )
     script = cluster.write(cluster.launcher(port_config=config), cluster.plan(("true",)))
     result = cluster.run(script)
@@ -160,36 +162,36 @@ def test_without_flock_random_falls_back_to_hash_jobid(tmp_path: Path) -> None:
 
 
 def test_random_skips_blocks_with_listeners_and_locked_blocks(cluster: StubCluster) -> None:
-    # Of five blocks, 21000 and 21400 have listeners and 21100 is locked by someone else:
-    # the two nodes must end up in 21200 and 21300.
-    held = cluster.locks / "dagster-slurm-ray-port-21100.lock"
+    # Of five blocks, 31000 and 31400 have listeners and 31100 is locked by someone else:
+    # the two nodes must end up in 31200 and 31300.
+    held = cluster.locks / "dagster-slurm-ray-port-31100.lock"
     held.touch()
     with open(held) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         script = cluster.write(cluster.launcher(), cluster.plan(("true",)))
-        result = cluster.run(script, STUB_SS_PORTS="21000 21003 21450")
+        result = cluster.run(script, STUB_SS_PORTS="31000 31003 31450")
     assert result.returncode == 0, result.stderr
     bases = sorted(
         int(options(cluster.ray_argv(host))["node-manager-port"]) - 1 for host in ("c1", "c2")
     )
-    assert bases == [21200, 21300]
+    assert bases == [31200, 31300]
 
 
 def test_no_free_block_fails_with_a_clear_message(cluster: StubCluster) -> None:
     script = cluster.write(cluster.launcher(), cluster.plan(("true",)))
-    result = cluster.run(script, STUB_SS_PORTS="21001 21101 21201 21301 21401")
+    result = cluster.run(script, STUB_SS_PORTS="31001 31101 31201 31301 31401")
     assert result.returncode == RAY_START_FAILED_STATUS
-    assert "no free port block in 21000-21499 (5 blocks of 100 tried" in result.stderr
+    assert "no free port block in 31000-31499 (5 blocks of 100 tried" in result.stderr
 
 
 def test_proc_net_tcp_is_read_when_ss_is_missing(tmp_path: Path) -> None:
     cluster = StubCluster.create(tmp_path, ss=False)
     config = RayPortConfig(
-        range_start=21600, range_end=21799, block_size=100, lock_dir=str(cluster.locks)
+        range_start=31600, range_end=31799, block_size=100, lock_dir=str(cluster.locks)
     )
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 21650))
+    listener.bind(("127.0.0.1", 31650))
     listener.listen()
     try:
         launcher = cluster.launcher(port_config=config)
@@ -200,7 +202,7 @@ def test_proc_net_tcp_is_read_when_ss_is_missing(tmp_path: Path) -> None:
     finally:
         listener.close()
     assert result.returncode == 0, result.stderr
-    assert options(cluster.ray_argv("c1"))["port"] == "21700"
+    assert options(cluster.ray_argv("c1"))["port"] == "31700"
 
 
 def test_fixed_strategy_uses_configured_ports(cluster: StubCluster) -> None:
@@ -212,9 +214,9 @@ def test_fixed_strategy_uses_configured_ports(cluster: StubCluster) -> None:
     assert (head["port"], head["dashboard-port"], head["node-manager-port"]) == (
         "47380",
         "47381",
-        "21001",
+        "31001",
     )
-    assert worker["node-manager-port"] == "21101"
+    assert worker["node-manager-port"] == "31101"
     assert worker["address"] == "127.0.1.1:47380"
     assert "RAY_ADDRESS=127.0.1.1:47380" in result.stdout
     assert list(cluster.locks.iterdir()) == []

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from spark_stubs import run_spark_script
 
+# Every run is job 4242, whose nodes share /tmp/dsspark-4242-<node>: these tests run one
+# at a time, also under pytest-xdist (which keeps a module on one worker).
+
 SHOW_CONF = ("bash", "-c", 'cat "$SPARK_CONF_DIR/spark-defaults.conf"; echo "URL=$SPARK_MASTER_URL"')
 
 

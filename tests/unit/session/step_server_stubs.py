@@ -1,19 +1,21 @@
-"""Stub Slurm commands (srun, scontrol, scancel) and a handle on a step server run with bash
-(no tests here).
+"""Stub Slurm commands (srun, scontrol, scancel), a handle on a step server run with bash, and
+``step_server``, which runs one at the shorter pace of the tests (no tests here).
 
 The stubs record their arguments under ``$STUB_LOG_DIR``; ``srun`` runs what follows the
 word ``bash`` as a numbered step and ``scancel --signal`` signals that step's process, as
-Slurm signals a step's tasks. Used by ``test_session_server.py`` and
-``test_session_standby.py``.
+Slurm signals a step's tasks. Used by ``test_session_server.py``,
+``test_step_server_heartbeat.py`` and ``test_session_standby.py``.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from dagster_slurm.agent.remote.files import wake_fifo
 from dagster_slurm.jobs.paths import InvocationPaths
 from dagster_slurm.session.core.allocation import parse_ready
 from dagster_slurm.session.core.paths import SessionPaths
+from dagster_slurm.session.core.step_server import render_server
 
 BASH = "/bin/bash"
 #: The allocation's job id (``SLURM_JOB_ID``).
@@ -162,3 +165,85 @@ class Server:
 
     def signal(self, signum: int) -> None:
         os.kill(self.proc.pid, signum)
+
+
+#: The server's intervals, shortened through its environment (see the template's pace):
+#: the idle wait (ms), the heartbeat check's period and the KILL after TERM (whole seconds),
+#: the Ray head watcher's probe interval (seconds). A real allocation waits 2000 ms, 2 s,
+#: 10 s and 5 s (test_a_real_allocation_keeps_the_production_pace).
+PACE = {"__DS_SS_IDLE_MS": "200", "__DS_SS_HEARTBEAT_EVERY": "1", "__DS_SS_KILL_AFTER": "1",
+        "__DS_SS_PROBE_EVERY": "0.2"}
+# A step that waits (bounded: it always ends within ~20 s) until a file appears.
+WAIT_LOOP = "for _i in $(seq 200); do [ -e {flag} ] && break; sleep 0.1; done"
+
+
+def gone(pid: int) -> bool:
+    """The process ``pid`` has ended (it no longer exists, or is a zombie)."""
+    try:
+        record = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return record.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def kill_our_steps(logs: Path, root: Path) -> None:
+    """SIGKILL the steps our stub srun started (they run in sessions of their own)."""
+    pids = read(logs / "srun.pids") or ""
+    for line in pids.split():
+        try:
+            cmdline = Path(f"/proc/{line}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(root).encode() in cmdline:  # still our step, not a reused pid
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@contextmanager
+def step_server(tmp_path: Path, *, heartbeat_timeout: float | None = None,
+                drain_signal: str = "USR1", ray_address: str | None = "10.1.2.3:6379",
+                nodelist: str = "n1", before_start: Callable[[SessionPaths], None] | None = None,
+                ) -> Iterator[Server]:
+    """Render the step server of job :data:`JOB_ID` under ``tmp_path`` and run it with the
+    stubs at :data:`PACE`; ``before_start`` gets the session paths before it starts. Kills
+    it and the steps it started on exit."""
+    stubs, logs = tmp_path / "bin", tmp_path / "stub-logs"
+    stubs.mkdir()
+    logs.mkdir()
+    install_stubs(stubs)
+    paths = SessionPaths.create(str(tmp_path), "run1")
+    Path(paths.session_dir).mkdir(parents=True)
+    script = tmp_path / "step_server.sh"
+    script.write_text(render_server(paths, "tok", drain_signal, heartbeat_timeout))
+    if before_start is not None:
+        before_start(paths)
+    env = {
+        "PATH": f"{stubs}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(tmp_path),
+        "LC_ALL": "C",
+        "STUB_LOG_DIR": str(logs),
+        "SLURM_JOB_ID": JOB_ID,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURMD_NODENAME": "n1",
+        **PACE,
+    }
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen(
+            [BASH, str(script)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    server = Server(tmp_path, paths, proc, logs)
+    try:
+        yield server
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=DEADLINE)
+        kill_our_steps(logs, tmp_path)

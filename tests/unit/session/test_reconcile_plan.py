@@ -176,36 +176,54 @@ def test_drain_timeout_none_drains_until_the_walltime() -> None:
 STATES = st.sampled_from(["RUNNING", "PENDING", "COMPLETED", "CANCELLED", ENDED, None])
 
 
+# The strategies the composites draw from, built once (a strategy built anew for every draw
+# is validated again by Hypothesis each time).
+_JOB_NUMBER = st.integers(20, 60)
+_INTENT = st.sampled_from([KEY, KEY, "other", None])
+_TIME_LEFT = st.one_of(st.none(), st.floats(0, 10_000))
+_SUBMITTED_AT = st.one_of(st.none(), st.floats(NOW - 1000, NOW))
+_DRAIN_DEADLINE = st.one_of(st.none(), st.floats(NOW - 200, NOW + 200))
+_WORKER_STATE = st.sampled_from(["joined", "draining", "waiting", None])
+_SUBMISSION_STATUS = st.sampled_from(["submitting", "unknown", "failed"])
+_SUBMISSION_KEY = st.sampled_from([KEY, None])
+_SUBMISSION_AT = st.floats(NOW - 400, NOW)
+_SUBMISSION_JOBS = [st.sampled_from([None, str(70 + i)]) for i in range(4)]
+_SUBMISSIONS = st.integers(0, 3)
+_HEAD = st.sampled_from(["10", "11"])
+
+
 @st.composite
 def members(draw: st.DrawFn) -> AllocationSnapshot:
-    job_id = str(draw(st.integers(20, 60)))
+    job_id = str(draw(_JOB_NUMBER))
     state = draw(STATES)
     return worker(
-        job_id, state, intent=draw(st.sampled_from([KEY, KEY, "other", None])),
-        time_left=draw(st.one_of(st.none(), st.floats(0, 10_000))),
-        submitted_at=draw(st.one_of(st.none(), st.floats(NOW - 1000, NOW))),
-        drain_deadline=draw(st.one_of(st.none(), st.floats(NOW - 200, NOW + 200))),
+        job_id, state, intent=draw(_INTENT),
+        time_left=draw(_TIME_LEFT),
+        submitted_at=draw(_SUBMITTED_AT),
+        drain_deadline=draw(_DRAIN_DEADLINE),
         hosts_head=draw(st.booleans()),
-        worker_state=draw(st.sampled_from(["joined", "draining", "waiting", None])))
+        worker_state=draw(_WORKER_STATE))
+
+
+_MEMBERS = st.lists(members(), max_size=8)
 
 
 @st.composite
 def snapshots(draw: st.DrawFn) -> SessionSnapshot:
     found = {}
-    for w in draw(st.lists(members(), max_size=8)):
+    for w in draw(_MEMBERS):
         found[w.slurm_job_id] = w
     certain = draw(st.booleans())
     workers = [w if certain else dataclasses.replace(w, state=None, committed=None)
                for w in found.values()]
-    subs = tuple(SubmissionSnapshot(f"t{i}", draw(st.sampled_from(["submitting", "unknown",
-                                                                   "failed"])),
-                                    draw(st.sampled_from([KEY, None])),
-                                    draw(st.floats(NOW - 400, NOW)),
-                                    draw(st.sampled_from([None, str(70 + i)])) if certain
+    subs = tuple(SubmissionSnapshot(f"t{i}", draw(_SUBMISSION_STATUS),
+                                    draw(_SUBMISSION_KEY),
+                                    draw(_SUBMISSION_AT),
+                                    draw(_SUBMISSION_JOBS[i]) if certain
                                     else None)
-                 for i in range(draw(st.integers(0, 3))))
+                 for i in range(draw(_SUBMISSIONS)))
     return snap(*workers, certain=certain, submissions=subs, closed=draw(st.booleans()),
-                head=draw(st.sampled_from(["10", "11"])))
+                head=draw(_HEAD))
 
 
 def _committed_after(s: SessionSnapshot, plan: ReconcilePlan) -> int:

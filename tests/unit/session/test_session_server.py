@@ -1,4 +1,5 @@
-"""The step server template, run with bash and stub Slurm commands (srun, scontrol, scancel)."""
+"""The step server template, run with bash and stub Slurm commands (srun, scontrol, scancel).
+Its dead-man's switch and Ray watcher: ``test_step_server_heartbeat.py``."""
 
 from __future__ import annotations
 
@@ -7,10 +8,6 @@ import shlex
 import signal
 import stat
 import subprocess
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,93 +15,17 @@ from step_server_stubs import (
     BASH,
     DEADLINE,
     JOB_ID,
+    PACE,
+    WAIT_LOOP,
     Server,
-    install_stubs,
+    gone,
     read,
+    step_server,
     wait_for,
 )
 
 from dagster_slurm.session.core.paths import SessionPaths
 from dagster_slurm.session.core.step_server import render_server
-
-#: The heartbeat limit of the dead-man's switch tests, in whole seconds; the server checks
-#: every 2 s, so a switch that wrongly fired would fire within LIMIT + 2 s.
-LIMIT = 2
-#: How long those tests watch a server that must stay up: the limit, one check interval and
-#: a 2 s margin.
-ALIVE_FOR = LIMIT + 4
-
-# A step that waits (bounded: it always ends within ~20 s) until a file appears.
-WAIT_LOOP = "for _i in $(seq 200); do [ -e {flag} ] && break; sleep 0.1; done"
-
-
-def _gone(pid: int) -> bool:
-    """The process ``pid`` has ended (it no longer exists, or is a zombie)."""
-    try:
-        record = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return record.rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def _kill_our_steps(logs: Path, root: Path) -> None:
-    """SIGKILL the steps our stub srun started (they run in sessions of their own)."""
-    pids = read(logs / "srun.pids") or ""
-    for line in pids.split():
-        try:
-            cmdline = Path(f"/proc/{line}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(root).encode() in cmdline:  # still our step, not a reused pid
-            try:
-                os.kill(int(line), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-@contextmanager
-def step_server(tmp_path: Path, *, heartbeat_timeout: float | None = None,
-                drain_signal: str = "USR1", ray_address: str | None = "10.1.2.3:6379",
-                nodelist: str = "n1", before_start: Callable[[SessionPaths], None] | None = None,
-                ) -> Iterator[Server]:
-    stubs, logs = tmp_path / "bin", tmp_path / "stub-logs"
-    stubs.mkdir()
-    logs.mkdir()
-    install_stubs(stubs)
-    paths = SessionPaths.create(str(tmp_path), "run1")
-    Path(paths.session_dir).mkdir(parents=True)
-    script = tmp_path / "step_server.sh"
-    script.write_text(render_server(paths, "tok", drain_signal, heartbeat_timeout))
-    if before_start is not None:
-        before_start(paths)
-    env = {
-        "PATH": f"{stubs}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "HOME": str(tmp_path),
-        "LC_ALL": "C",
-        "STUB_LOG_DIR": str(logs),
-        "SLURM_JOB_ID": JOB_ID,
-        "SLURM_JOB_NODELIST": nodelist,
-        "SLURMD_NODENAME": "n1",
-    }
-    if ray_address is not None:
-        env["RAY_ADDRESS"] = ray_address
-    with open(tmp_path / "server.log", "wb") as log:
-        proc = subprocess.Popen(
-            [BASH, str(script)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    server = Server(tmp_path, paths, proc, logs)
-    try:
-        yield server
-    finally:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=DEADLINE)
-        _kill_our_steps(logs, tmp_path)
-
 
 # -- the rendered script -----------------------------------------------------------------------
 
@@ -127,6 +48,16 @@ def test_rendered_heartbeat_limit_is_whole_seconds_or_empty(tmp_path: Path) -> N
     paths = SessionPaths.create(str(tmp_path), "run1")
     assert "__ss_heartbeat_timeout=600\n" in render_server(paths, "t", "USR1", 600.7)
     assert "__ss_heartbeat_timeout=''\n" in render_server(paths, "t", "USR1", None)
+
+
+def test_a_real_allocation_keeps_the_production_pace(tmp_path: Path) -> None:
+    # the tests' environment shortens these; a real allocation's sets none of the variables
+    text = render_server(SessionPaths.create(str(tmp_path), "run1"), "t", "USR1", 600)
+    for line in ("__ss_floor_ms=100", "__ss_idle_ms=2000", "__ss_heartbeat_every=2",
+                 "__ss_kill_after=10", "__ss_probe_every=5"):
+        assert f"\n{line}\n" in text
+    for name in PACE:
+        assert f'"${{{name}-}}"' in text
 
 
 def test_server_refuses_to_run_outside_an_allocation(tmp_path: Path) -> None:
@@ -194,7 +125,7 @@ def test_a_status_written_by_the_step_is_kept(tmp_path: Path) -> None:
         server.request("r1", f"echo 7 > {shlex.quote(inv.status)}\nexit 0")
         assert server.status(inv) == "7"
         pid = int((server.logs / "srun.pids").read_text().split()[0])
-        wait_for(lambda: _gone(pid), what="the first step to end")
+        wait_for(lambda: gone(pid), what="the first step to end")
         # the second step's status is written by the server's reaping, which also covers
         # the first (already ended) step: its own status must survive that
         assert server.status(server.request("r2", "exit 6")) == "6"
@@ -335,140 +266,13 @@ def test_term_is_the_drain_when_configured_so(tmp_path: Path) -> None:
         assert server.proc.wait(timeout=DEADLINE) == 0
 
 
-# -- dead-man's switch -------------------------------------------------------------------------
-
-
-def test_stale_heartbeat_cancels_the_allocation(tmp_path: Path) -> None:
-    def old_heartbeat(paths: SessionPaths) -> None:
-        Path(paths.heartbeat).write_text("login 1\n")
-        subprocess.run(["touch", "-d", "-60 seconds", paths.heartbeat], check=True)
-
-    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=old_heartbeat) as server:
-        server.wait_ready()
-        scancel = server.logs / "scancel.args"
-        wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
-        assert scancel.read_text() == f"{JOB_ID}\n"
-        assert read(server.job_dir / "ended_by") == "heartbeat\n"
-        assert "no supervisor heartbeat" in server.log()
-
-
-@contextmanager
-def beating(server: Server, beat: Callable[[int], None]) -> Iterator[None]:
-    """Call ``beat(n)`` every 0.5 s (n = 1, 2, ...) while the block runs."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        n = 0
-        while not stop.wait(0.5):
-            n += 1
-            beat(n)
-
-    beater = threading.Thread(target=loop, daemon=True)
-    beater.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        beater.join(timeout=5)
-
-
-def _write_beat(path: str, n: int, *, mtime_offset: float | None = None) -> None:
-    """What a supervisor's beat does: new content, written atomically; optionally the file's
-    mtime moved by ``mtime_offset`` seconds (a shared filesystem's cached or skewed mtime)."""
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(f"login 1 {n}\n")
-    tmp.replace(path)
-    if mtime_offset is not None:
-        when = time.time() + mtime_offset
-        os.utime(path, (when, when))
-
-
-def _assert_alive_for(server: Server, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        assert not (server.logs / "scancel.args").exists(), server.log()
-        assert server.proc.poll() is None, server.log()
-        time.sleep(0.2)
-
-
-def _first_heartbeat(paths: SessionPaths) -> None:
-    Path(paths.heartbeat).write_text("login 1 0\n")
-
-
-def test_fresh_heartbeat_keeps_the_allocation(tmp_path: Path) -> None:
-    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
-        with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
-            server.wait_ready()
-            _assert_alive_for(server, ALIVE_FOR)
-
-
-@pytest.mark.parametrize("mtime_offset", [-3600.0, 3600.0])
-def test_changing_content_keeps_the_allocation_whatever_the_mtime(
-    tmp_path: Path, mtime_offset: float
-) -> None:
-    # an mtime an hour old (attribute cache) or an hour ahead (clock skew) is not looked at
-    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
-        beat = lambda n: _write_beat(server.paths.heartbeat, n, mtime_offset=mtime_offset)  # noqa: E731
-        with beating(server, beat):
-            server.wait_ready()
-            _assert_alive_for(server, ALIVE_FOR)
-
-
-@pytest.mark.parametrize("mtime_offset", [0.0, 3600.0])
-def test_unchanged_content_ends_the_allocation_though_the_file_is_touched(
-    tmp_path: Path, mtime_offset: float
-) -> None:
-    def touch(_n: int) -> None:
-        when = time.time() + mtime_offset
-        os.utime(server.paths.heartbeat, (when, when))
-
-    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
-        with beating(server, touch):
-            server.wait_ready()
-            scancel = server.logs / "scancel.args"
-            wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
-    assert scancel.read_text() == f"{JOB_ID}\n"
-    assert read(server.job_dir / "ended_by") == "heartbeat\n"
-    assert "content has not changed" in server.log()
-
-
-def test_heartbeat_that_stops_changing_ends_the_allocation(tmp_path: Path) -> None:
-    with step_server(tmp_path, heartbeat_timeout=LIMIT, before_start=_first_heartbeat) as server:
-        with beating(server, lambda n: _write_beat(server.paths.heartbeat, n)):
-            server.wait_ready()
-            _assert_alive_for(server, 3)
-        stopped = time.monotonic()
-        scancel = server.logs / "scancel.args"
-        wait_for(scancel.exists, timeout=15, what=f"scancel\n{server.log()}")
-    assert time.monotonic() - stopped >= LIMIT  # the limit counts from the last change
-    assert read(server.job_dir / "ended_by") == "heartbeat\n"
-
-
-# -- the Ray head's watcher --------------------------------------------------------------------
-
-
-def test_a_ray_head_that_stops_answering_is_recorded_once(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with step_server(tmp_path, ray_address=f"127.0.0.1:{port}") as server:
-        server.wait_ready()
-        marker = server.job_dir / "ray_stopped"
-        wait_for(marker.exists, timeout=60, what=f"the ray_stopped marker\n{server.log()}")
-        assert marker.read_text().strip().isdigit()
-        assert "does not answer (3 probes, 5 s apart)" in server.log()
-        assert server.proc.poll() is None  # the server goes on; the session decides
-
-
 # -- pace and wake-up --------------------------------------------------------------------------
 
-IDLE_LINE = "idle: listing requests every 2 s until woken"
+IDLE_LINE = "idle: listing requests every 0.2 s until woken"
 
 
 def _wait_idle(server: Server, count: int = 1) -> None:
-    """Until the server has logged ``count`` idle spells (its wait reached 2 s)."""
+    """Until the server has logged ``count`` idle spells (its wait reached the idle wait)."""
     wait_for(lambda: server.log().count(IDLE_LINE) >= count, what=f"the idle line\n{server.log()}")
 
 
@@ -521,7 +325,8 @@ def test_a_cancel_wakes_an_idle_server_and_kill_follows_an_ignored_term(tmp_path
         _wait_idle(server)  # a running step alone does not hold the server at its floor
         server.cancel("r1")
         wait_for(lambda: "cancelling step of request r1" in server.log(), what="the cancel")
-        # TERM is ignored: KILL follows (10 s after TERM), and srun's status is recorded
+        # TERM is ignored: KILL follows (__DS_SS_KILL_AFTER after TERM), and srun's status
+        # is recorded
         assert server.status(inv) == str(128 + signal.SIGKILL)
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from worker_script_stubs import JOB_ID, wait_for, worker, worker_config
+from worker_script_stubs import JOB_ID, PACE, wait_for, worker, worker_config
 
 
 def test_it_waits_for_the_head_then_joins_with_its_settings(tmp_path):
@@ -102,7 +102,7 @@ def test_what_still_runs_at_the_drain_deadline_is_stopped(tmp_path):
 
 
 def test_without_a_live_head_it_releases_itself_after_rejoin_timeout(tmp_path):
-    with worker(tmp_path, worker_config(rejoin_timeout=7)) as w:
+    with worker(tmp_path, worker_config(rejoin_timeout=3)) as w:
         w.name_head("7")
         wait_for(lambda: w.joined("7"), "the join")
         (w.stubs / "head_state").write_text("")  # the head's job has ended, its GCS with it
@@ -111,13 +111,26 @@ def test_without_a_live_head_it_releases_itself_after_rejoin_timeout(tmp_path):
         assert w.exit_code() == 0
         assert w.state() == "released no_head" and w.ray_nodes() == []
         log = w.log()
-        assert "is not live; stopping the nodes" in log and "rejoin_timeout 7 s" in log
+        assert "is not live; stopping the nodes" in log and "rejoin_timeout 3 s" in log
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGHUP"])
 def test_a_cancellation_while_waiting_releases_it(tmp_path, signal_name):
     with worker(tmp_path) as w:
         wait_for(lambda: w.state() == "waiting", "the waiting state")
+        # the main loop's own line: bash runs a SIGINT trap even while it parses a command
+        # substitution, which fails that trap, and the script's start has many of them
+        wait_for(lambda: "waiting for the run's Ray head" in w.log(), "the waiting line")
         w.proc.send_signal(getattr(signal, signal_name))
         assert w.exit_code() == 128 + getattr(signal, signal_name)
         assert w.state() == "released cancelled"
+
+
+def test_a_real_allocation_keeps_the_production_pace(tmp_path):
+    # the tests' environment shortens these; a real allocation's sets none of the variables
+    with worker(tmp_path):
+        text = (tmp_path / "worker.sh").read_text()
+    for line in ("__dw_round=1", "__dw_live_every=5", "__dw_ids_every=2", "__dw_drain_round=2"):
+        assert f"\n{line}\n" in text
+    for name in PACE:
+        assert f'"${{{name}-}}"' in text

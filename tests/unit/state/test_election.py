@@ -60,28 +60,41 @@ def _worker(job_id: str) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+# The strategies the composites below draw from, built once (building them anew for every
+# draw made Hypothesis validate them again each time).
+_HEAD = _head()
+_WORKERS = {job_id: _worker(job_id) for job_id in WORKER_JOBS}
+_SUCCESSOR = st.fixed_dictionaries(
+    {"status": st.sampled_from(["submitting", "submitted"]), "token": st.just("tok-s"),
+     "job_id": st.sampled_from(SUCCESSOR_JOBS), "kind": st.just("successor")},
+    optional={"drain_requested_at": st.just(7.0)})
+_CHOSEN = st.lists(st.sampled_from(WORKER_JOBS), unique=True, min_size=1)
+_TERM = st.integers(min_value=0, max_value=3)
+_CANDIDATE = st.none() | st.sampled_from(WORKER_JOBS)
+_EXPIRES = st.sampled_from([NOW - 1, NOW, NOW + 60])
+_FAILURES = st.dictionaries(st.sampled_from(WORKER_JOBS + SUCCESSOR_JOBS),
+                            st.integers(min_value=0, max_value=3))
+_CLOSED = st.sampled_from([False] * 19 + [True])
+
+
 @st.composite
 def documents(draw: st.DrawFn) -> dict[str, Any]:
     doc = new_session_document("dsr-run", run_id="run")
-    doc["allocation"] = draw(_head())
+    doc["allocation"] = draw(_HEAD)
     if draw(st.booleans()):
-        doc["successor"] = draw(st.fixed_dictionaries(
-            {"status": st.sampled_from(["submitting", "submitted"]), "token": st.just("tok-s"),
-             "job_id": st.sampled_from(SUCCESSOR_JOBS), "kind": st.just("successor")},
-            optional={"drain_requested_at": st.just(7.0)}))
-    chosen = draw(st.lists(st.sampled_from(WORKER_JOBS), unique=True, min_size=1))
-    doc["workers"] = {job_id: draw(_worker(job_id)) for job_id in chosen}
+        doc["successor"] = draw(_SUCCESSOR)
+    chosen = draw(_CHOSEN)
+    doc["workers"] = {job_id: draw(_WORKERS[job_id]) for job_id in chosen}
     if draw(st.booleans()):
         claimed = draw(st.booleans())
         doc["election"] = {
-            "term": draw(st.integers(min_value=0, max_value=3)),
-            "candidate": draw(st.none() | st.sampled_from(WORKER_JOBS)),
+            "term": draw(_TERM),
+            "candidate": draw(_CANDIDATE),
             "claimed_by": "elector-x" if claimed else None,
-            "expires_at": draw(st.sampled_from([NOW - 1, NOW, NOW + 60])) if claimed else None,
-            "failures": draw(st.dictionaries(st.sampled_from(WORKER_JOBS + SUCCESSOR_JOBS),
-                                             st.integers(min_value=0, max_value=3))),
+            "expires_at": draw(_EXPIRES) if claimed else None,
+            "failures": draw(_FAILURES),
         }
-    if draw(st.sampled_from([False] * 19 + [True])):
+    if draw(_CLOSED):
         doc["closed_at"] = 1.0
     return doc
 
@@ -100,14 +113,18 @@ def _job() -> st.SearchStrategy[JobView | None]:
     return st.one_of(present, present, present, st.none())
 
 
+_JOB = _job()
+_CERTAIN = st.integers(min_value=0, max_value=7)
+
+
 @st.composite
 def views(draw: st.DrawFn) -> SchedulerView:
     jobs = {}
     for job_id in ALL_JOBS:
-        job = draw(_job())
+        job = draw(_JOB)
         if job is not None:
             jobs[job_id] = job
-    return SchedulerView(jobs, certain=draw(st.integers(min_value=0, max_value=7)) > 0)
+    return SchedulerView(jobs, certain=draw(_CERTAIN) > 0)
 
 
 def _typed(raw: dict[str, Any]) -> SessionDocument:

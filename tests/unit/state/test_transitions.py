@@ -126,14 +126,20 @@ def _successor() -> st.SearchStrategy[dict[str, Any] | None]:
     )
 
 
+# Built once: a strategy built anew for every draw is validated again by Hypothesis each time.
+_RECORD = _record()
+_SUCCESSOR = _successor()
+_ONE_IN_SIX = st.integers(min_value=0, max_value=5)
+
+
 @st.composite
 def documents(draw: st.DrawFn) -> dict[str, Any]:
     doc = new_session_document("dsr-run", run_id="run")
-    doc["allocation"] = draw(_record())
-    successor = draw(_successor())
+    doc["allocation"] = draw(_RECORD)
+    successor = draw(_SUCCESSOR)
     if successor is not None:
         doc["successor"] = successor
-    if draw(st.integers(min_value=0, max_value=5)) == 0:
+    if draw(_ONE_IN_SIX) == 0:
         doc["closed_at"], doc["closed_reason"] = 10.0, "teardown"
     return doc
 
