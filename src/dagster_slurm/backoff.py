@@ -69,3 +69,26 @@ def sleep_checking(sleep: Callable[[float], None], seconds: float,
         sleep(step)
         remaining -= step
         check()
+
+
+@dataclass
+class StatusPace:
+    """When a wait that reads files often asks the scheduler too: at ``backoff``'s pace.
+
+    A wait for something a job announces in a file (a node's join, a head's ready file)
+    reads that file every fraction of a second, but asks squeue, which only tells whether
+    the job ended, no more often than the backoff says. :meth:`due` says whether the poll at
+    ``now`` (the caller's clock) carries squeue; :meth:`asked` records that one did and
+    whether it saw a change."""
+
+    backoff: PollBackoff
+    _next: float = float("-inf")
+
+    def due(self, now: float) -> bool:
+        """True when the poll at ``now`` should ask squeue (the first poll always does)."""
+        return now >= self._next
+
+    def asked(self, now: float, changed: bool = False) -> float:
+        """Record a poll at ``now`` that asked squeue; returns when the next one is due."""
+        self._next = now + self.backoff.observe(changed)
+        return self._next

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from dagster_slurm.backoff import StatusPace
 from dagster_slurm.scheduler.pacing import PollBackoff, RateLimiter
 
 
@@ -38,3 +39,12 @@ def test_rate_limiter_spaces_events():
     assert waits == [0, 0.5, 0.5]
     now[0] += 10
     assert limiter.acquire() == 0
+
+
+def test_status_pace_asks_the_scheduler_at_the_backoffs_pace_only():
+    pace = StatusPace(PollBackoff(initial=1.0, maximum=4.0, factor=2.0))
+    assert pace.due(0.0)  # the first poll asks
+    assert pace.asked(0.0) == 2.0  # no change: the interval grows
+    assert not pace.due(0.2) and not pace.due(1.9) and pace.due(2.0)
+    assert pace.asked(2.0) == 6.0  # capped at 4 s
+    assert pace.asked(6.0, changed=True) == 7.0  # a change starts again at 1 s

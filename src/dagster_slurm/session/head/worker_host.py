@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dagster_slurm.backoff import PollBackoff, StatusPace
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
-from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.core.allocation import parse_ready
 from dagster_slurm.session.core.errors import SessionError
 from dagster_slurm.state import election_transitions as et
@@ -97,12 +97,11 @@ def host_on_worker(session: SessionContext, choice: HeadChoice, owner: str,
     limit = session.clock() + timeout
     if deadline is not None:
         limit = min(limit, deadline)
-    backoff = PollBackoff(initial=0.5, maximum=3.0, factor=1.5)
+    pace = StatusPace(PollBackoff(initial=0.5, maximum=3.0, factor=1.5))
     ready_path, state_path = session.paths.ready(job_id), host_state_path(session, job_id)
-    next_status = session.clock()
     try:
         while True:
-            with_status = session.clock() >= next_status
+            with_status = pace.due(session.clock())
             polled = session.io.poll_files(session.job_name, job_id, [ready_path, state_path],
                                            with_status=with_status)
             reason = _failure(polled.texts.get(state_path), term)
@@ -124,7 +123,7 @@ def host_on_worker(session: SessionContext, choice: HeadChoice, owner: str,
                     f"worker allocation {job_id} did not start a head within "
                     f"{timeout:.0f} s (its log: {session.paths.output.replace('%j', job_id)})")
             if with_status:
-                next_status = session.clock() + backoff.observe(False)
+                pace.asked(session.clock())
             session.pause(HOST_POLL_INTERVAL,
                            f"the head control plane of worker allocation {job_id}")
     except BaseException:

@@ -26,11 +26,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dagster_slurm.backoff import PollBackoff, StatusPace
 from dagster_slurm.errors import DagsterSlurmError
 from dagster_slurm.jobs.logs import ProgressLog
 from dagster_slurm.jobs.pending import PendingTracker
 from dagster_slurm.scheduler.client import new_token
-from dagster_slurm.scheduler.pacing import PollBackoff
 from dagster_slurm.session.core.errors import SessionError
 from dagster_slurm.session.core.job_handle import SessionJob
 from dagster_slurm.session.core.step_server import render_server
@@ -197,12 +197,12 @@ def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAlloca
     paths = session.paths
     files = [paths.nodes(job_id), paths.ray_nodes(job_id), paths.worker_state(job_id)]
     tracker = PendingTracker(job_id, session.pending, out.info)
-    backoff = PollBackoff(initial=1.0, maximum=10.0, factor=1.5)
+    pace = StatusPace(PollBackoff(initial=1.0, maximum=10.0, factor=1.5))
     deadline = None if timeout is None else session.clock() + timeout
     said, seen = "", ""
     running, next_status = False, session.clock()
     while True:
-        with_status = not running or session.clock() >= next_status
+        with_status = not running or pace.due(session.clock())
         polled = session.io.poll_files(session.job_name, job_id, files, with_status=with_status)
         nodes = [line.strip() for line in (polled.texts[files[0]] or "").splitlines()
                  if line.strip()]
@@ -226,8 +226,7 @@ def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAlloca
         progress = f"{said}|{word}|{len(nodes)}"
         if with_status:
             # the job started, or its nodes moved on (written, joining): look again soon
-            status_delay = backoff.observe(progress != seen)
-            next_status = session.clock() + status_delay
+            next_status = pace.asked(session.clock(), progress != seen)
         seen = progress
         delay = JOIN_POLL_INTERVAL if running else max(0.0, next_status - session.clock())
         if deadline is not None:
