@@ -91,6 +91,12 @@ def test_request_drain_with_the_successor_pending_relays_every_unit_once(env):
         assert released < promoted
         wait_until(lambda: squeue_state(env, first["allocation"]) not in ("RUNNING", "PENDING"),
                    30, "the drained allocation to have ended")
+        # it left its nodes by itself on the release (HUP before the scancel), not by the
+        # SIGKILL that follows Slurm's KillWait when its shell takes the TERM for a drain
+        batch = wait_until(lambda: _batch_exit(env, first["allocation"]), 60,
+                           "the accounting record of the drained allocation's batch step",
+                           interval=1.0)
+        assert not batch.endswith(":9"), f"batch step of {first['allocation']}: {batch}"
 
         # counted from the commits on the shared filesystem: each unit once, both did work
         commits = sorted(name for name in os.listdir(work) if name.startswith("unit-"))
@@ -105,6 +111,16 @@ def test_request_drain_with_the_successor_pending_relays_every_unit_once(env):
     finally:
         slurm.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _batch_exit(env: dict[str, str], job_id: str) -> str | None:
+    """sacct's ExitCode (``status:signal``) of the job's batch step, once it has ended."""
+    out = subprocess.run([slurm_command(env, "sacct"), "-n", "-P", "-j", f"{job_id}.batch",
+                          "-o", "State,ExitCode"], capture_output=True, text=True,
+                         env={"SLURM_CONF": env["SLURM_CONF"]}).stdout.split()
+    if not out or out[0].split("|")[0] in ("RUNNING", "PENDING"):
+        return None
+    return out[0].split("|")[1]
 
 
 def _index(logs: list[str], text: str) -> int:
