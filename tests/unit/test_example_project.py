@@ -38,6 +38,7 @@ def example(monkeypatch):
     return definitions, availability
 
 
+@pytest.mark.slow  # 20-45 s on two cores: the example materializes every asset in local mode
 def test_example_project_runs_locally_and_quietly(tmp_path, example):
     definitions, availability = example
     env = {

@@ -1,9 +1,9 @@
 """The published-style example of ``migration_project/published_example``: asset modules
 taking ``SlurmRunConfig`` and a resources module choosing resources by
 ``DAGSTER_DEPLOYMENT``, changed from the published example only where docs/migration.md
-says. ``dagster definitions validate`` passes for every deployment, the assets and the asset
-check materialize in local mode, and each Slurm deployment builds its resources without
-connecting (``remote_base="$HOME/dagster_runs"`` and ``session=None`` kept as published)."""
+says. Every deployment's definitions validate (``dagster definitions validate`` for local
+mode and a run-scope one), the assets and the asset check materialize in local mode, and
+each Slurm deployment builds its resources without connecting (``remote_base="$HOME/dagster_runs"`` and ``session=None`` kept as published)."""
 
 import importlib
 import os
@@ -41,7 +41,11 @@ def _load(monkeypatch: pytest.MonkeyPatch, deployment: str) -> ModuleType:
     return importlib.import_module("published_example.definitions")
 
 
-@pytest.mark.parametrize("deployment", ["development", *SLURM_DEPLOYMENTS])
+#: ``dagster definitions validate`` as a user runs it (5-10 s a process) for local mode and
+#: for the Slurm deployment with the most resources; every Slurm deployment also goes
+#: through ``Definitions.validate_loadable``, which the command calls, in
+#: test_slurm_deployments_build_without_connecting.
+@pytest.mark.parametrize("deployment", ["development", "staging_docker_session"])
 def test_dagster_definitions_validate_passes(tmp_path: Path, deployment: str) -> None:
     env = {**os.environ, **ENVIRONMENT, "DAGSTER_DEPLOYMENT": deployment,
            "DAGSTER_HOME": str(tmp_path), "PYTHONPATH": str(ROOT / "src")}
@@ -56,6 +60,7 @@ def test_dagster_definitions_validate_passes(tmp_path: Path, deployment: str) ->
     assert "All code locations passed validation" in output
 
 
+@pytest.mark.slow  # 15-20 s on two cores: six assets and a check in local mode
 def test_local_mode_materializes_every_asset_and_the_check(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DAGSTER_SLURM_LOCAL_BASE", str(tmp_path / "runs"))

@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from agent_support import SRC
 
 #: Eight writers at once contend for the lock on every one of their transactions; a dozen
@@ -33,6 +34,7 @@ print(transport.stats.round_trips)
 """
 
 
+@pytest.mark.slow  # 10-20 s on two cores: 96 transactions, each an agent process
 def test_concurrent_increments_are_never_lost(tmp_path: Path) -> None:
     base, doc, lock = tmp_path / "base", tmp_path / "s" / "allocation.json", tmp_path / "s" / "lock"
     code = textwrap.dedent(
