@@ -17,6 +17,9 @@ SOURCE = Path(__file__).resolve().parents[2] / "src" / "dagster_slurm"
 THIRD_PARTY: dict[str, str] = {
     "sys._getframe": "the caller's frame names the field a user misspelt (config_errors)",
     "argparse._SubParsersAction": "the type of argparse's sub-parsers, which it does not export",
+    "dagster_resource._curry_config_schema": "the function Dagster's resource constructor "
+    "calls to curry its schema with the resource's values, cached per schema and values "
+    "(schema_cache); Dagster has no hook for it",
 }
 
 

@@ -151,7 +151,9 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
         """Block until the job script exits; woken by the exit itself (see
         :class:`~dagster_slurm.compute.process_exit.ExitWatch`), so the final read of the
         Pipes files starts as soon as the process is gone. The step's run is followed
-        meanwhile, at most every ``run_status_interval`` seconds."""
+        meanwhile, every ``run_status_interval`` seconds from the start (Dagster has just
+        started the step in its running run; a payload that ends sooner costs no read of
+        the run)."""
         proc = handle.proc
         follower = follower_for(job.context, self.run_status_interval)
         with ExitWatch(proc.pid, poll_initial=self.EXIT_POLL_INITIAL,
@@ -160,7 +162,8 @@ class LocalRunner(PipesJobRunner[LocalJob, LocalProcess, LocalExit]):
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
-                follower.check(f"the local process {proc.pid}")  # as in Slurm mode
+                if time.monotonic() - handle.started >= self.run_status_interval:
+                    follower.check(f"the local process {proc.pid}")  # as in Slurm mode
                 watch.wait(self.run_status_interval)
         proc.returncode = os.waitstatus_to_exitcode(status)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

@@ -223,3 +223,14 @@ def test_the_payload_status_is_recorded_by_its_runner_and_the_record_removed(job
     assert result.returncode == 7
     assert job.status_file.read_text().strip() == "7"
     assert not os.path.exists(f"{job.status_file}.payload")
+
+
+def test_a_stale_record_from_an_earlier_start_is_not_taken(job: JobFiles) -> None:
+    # a record left by an earlier start of the job (killed before it could remove it) is
+    # removed before the payload starts: the status is this start's
+    job.job_dir.mkdir(parents=True, exist_ok=True)
+    Path(f"{job.status_file}.payload").write_text("9\n")
+    result = run_script(job.write(job.plan(("sh", "-c", "exit 0"))))
+    assert result.returncode == 0
+    assert job.status_file.read_text() == "0\n"
+    assert sorted(p.name for p in job.job_dir.iterdir()) == ["job.sh", "payload.pid", "status"]

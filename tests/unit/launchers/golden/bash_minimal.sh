@@ -61,6 +61,7 @@ __ds_cancelled=""
 __ds_interrupted=""
 __ds_finished=""
 __ds_rc=0
+__ds_payload_record=""
 __ds_watchdog_pid=""
 __ds_proctrack=""
 
@@ -73,12 +74,20 @@ __ds_write_atomic() {
     printf '%s\n' "$2" > "$1.tmp.$$" && mv -f -- "$1.tmp.$$" "$1"
 }
 
-# Record the exit status (only the first call writes it), stop the watchdog, leave.
+# Record the exit status (only the first call writes it), stop the watchdog, leave. When
+# the status is the one the payload's runner recorded (see __ds_run_payload), its record,
+# complete since the runner has exited, becomes the status file by one rename.
 __ds_finish() {
     if [ -z "$__ds_finished" ]; then
         __ds_finished=1
-        __ds_write_atomic "$__ds_status_file" "$1" \
-            || __ds_log "cannot write the status file $__ds_status_file"
+        if [ -n "$__ds_payload_record" ] && [ "$1" = "$__ds_rc" ] \
+            && mv -f -- "$__ds_payload_record" "$__ds_status_file" 2>/dev/null; then
+            __ds_payload_record=""
+        else
+            __ds_write_atomic "$__ds_status_file" "$1" \
+                || __ds_log "cannot write the status file $__ds_status_file"
+            [ -z "$__ds_payload_record" ] || rm -f -- "$__ds_payload_record"
+        fi
     fi
     if [ -n "$__ds_watchdog_pid" ]; then
         kill -TERM "$__ds_watchdog_pid" 2>/dev/null || :
@@ -258,7 +267,7 @@ __ds_skip_if_signalled() {
 __ds_payload_runner='trap : TERM INT HUP "$1"; shift; "$@"; rc=$?; printf "%s\n" "$rc" > "$0.payload"; exit "$rc"'
 __ds_run_payload() {
     local status recorded=""
-    rm -f -- "$__ds_status_file.payload"
+    [ ! -e "$__ds_status_file.payload" ] || rm -f -- "$__ds_status_file.payload"
     if command -v setsid >/dev/null 2>&1; then
         (trap - INT QUIT; exec setsid "$BASH" -c "$__ds_payload_runner" "$__ds_status_file" "${__ds_drain_signal:-TERM}" "$@") &
     else
@@ -288,8 +297,10 @@ __ds_run_payload() {
         && IFS= read -r recorded < "$__ds_status_file.payload" \
         && [ -n "$recorded" ] && [ -z "${recorded//[0-9]/}" ]; then
         __ds_rc=$recorded
+        __ds_payload_record=$__ds_status_file.payload  # __ds_finish renames or removes it
+    elif [ -e "$__ds_status_file.payload" ]; then
+        rm -f -- "$__ds_status_file.payload"
     fi
-    rm -f -- "$__ds_status_file.payload"
     [ "$__ds_rc" -eq 0 ] || __ds_log "payload exited with status $__ds_rc"
 }
 
