@@ -22,6 +22,7 @@ __ds_ray_extra_args=(@@{ray_start_args})
 
 __ds_ray_node_label=""
 __ds_ray_node_pid=""
+__ds_ray_node_group=""
 __ds_ray_node_stopped=""
 
 __ds_ray_node_log() {
@@ -147,6 +148,25 @@ __ds_ray_node_on_signal() {
     [ -z "$__ds_ray_node_pid" ] || kill -s "$2" "$__ds_ray_node_pid" 2>/dev/null
 }
 
+# Once 'ray start' has ended: SIGKILL to whatever is left of its process group (every Ray
+# process of the node is in it; a process that outlived its 'ray start', or one that a HUP
+# did not end, would keep writing to the temp dir), then remove the temp dir $1 when this
+# node created it ($2 non-empty). A process killed an instant ago may still be closing
+# its files, so a removal that fails is tried again for up to a second.
+__ds_ray_node_cleanup() {
+    local tries=0
+    [ -z "$__ds_ray_node_group" ] || kill -KILL -- "-$__ds_ray_node_group" 2>/dev/null
+    [ -n "$2" ] || return 0
+    until rm -rf -- "$1" 2>/dev/null; do
+        tries=$((tries + 1))
+        if [ "$tries" -ge 10 ]; then
+            __ds_ray_node_log "cannot remove the Ray temp dir $1"
+            return 0
+        fi
+        sleep 0.1 2>/dev/null || sleep 1
+    done
+}
+
 # Start Ray on this node and stay until it ends. Arguments: role (head|worker), node
 # index, job id, head address and GCS port (workers only).
 __ds_ray_node_main() {
@@ -243,7 +263,14 @@ __ds_ray_node_main() {
     # here keeps the allocation's nodes from the next job (Slurm's KillWait ends it with
     # SIGKILL anyway), so Ray stops at once unless the variable is set.
     export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
-    PYTHONUNBUFFERED=1 "${args[@]}" 2>&1 &
+    # In a process group of its own (setsid replaces itself with 'ray start', whose pid is
+    # then the group's id), which every process Ray starts on this node stays in.
+    if command -v setsid > /dev/null 2>&1; then
+        PYTHONUNBUFFERED=1 setsid "${args[@]}" 2>&1 &
+        __ds_ray_node_group=$!
+    else
+        PYTHONUNBUFFERED=1 "${args[@]}" 2>&1 &
+    fi
     __ds_ray_node_pid=$!
     printf '%s node=%s state=launched pid=%s\n' "$__ds_ray_marker" "$index" "$__ds_ray_node_pid"
     [ -z "$__ds_ray_node_stopped" ] || kill -s TERM "$__ds_ray_node_pid"
@@ -260,6 +287,6 @@ __ds_ray_node_main() {
         [ "$__ds_ray_node_stopped" != WINCH ] || __ds_ray_node_dump_logs "$temp_dir"
         status=0
     fi
-    [ -z "$own_temp" ] || rm -rf -- "$temp_dir"
+    __ds_ray_node_cleanup "$temp_dir" "$own_temp"
     return "$status"
 }

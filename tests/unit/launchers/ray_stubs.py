@@ -59,6 +59,22 @@ with open(os.path.join(logs, "raylet.out"), "w") as f:
 if host in os.environ.get("STUB_RAY_FAIL", "").split():
     print("RuntimeError: stub ray cannot start on " + host, flush=True)
     sys.exit(1)
+if host in os.environ.get("STUB_RAY_STRAGGLER", "").split():
+    # a Ray process that outlives 'ray start', ignoring TERM and HUP, writing to the temp dir
+    child = os.fork()
+    if child == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        while True:
+            try:
+                os.makedirs(logs, exist_ok=True)
+                with open(os.path.join(logs, "straggler.out"), "a") as f:
+                    f.write("still here\\n")
+            except OSError:
+                pass
+            time.sleep(0.02)
+    with open(os.path.join(log, "ray." + host + ".straggler"), "w") as f:
+        f.write(str(child))
 def stop(signum, frame):
     open(os.path.join(log, "ray." + host + ".stopped"), "w").close()
     sys.exit(1)

@@ -382,3 +382,30 @@ def test_head_is_the_batch_host_and_cpus_follow_the_grant_per_node(cluster: Stub
     assert "--cpus-per-task=2" in by_node["c3"]
     assert "--head" in cluster.ray_argv("c2")
     assert options(cluster.ray_argv("c3"))["address"].startswith("127.0.1.2:")
+
+
+def test_a_ray_process_that_outlives_ray_start_is_killed_and_the_temp_dir_removed(
+        cluster: StubCluster) -> None:
+    """Every Ray process of a node is in the process group of its 'ray start': once that
+    has ended, what is left of the group is killed, so the node's temp dir can go."""
+    script = cluster.write(cluster.launcher(), cluster.plan(ENV_PAYLOAD))
+    result = cluster.run(script, STUB_RAY_STRAGGLER="c1 c2")
+    assert result.returncode == 0, result.stderr
+    for host, index in (("c1", 0), ("c2", 1)):
+        straggler = int((cluster.log / f"ray.{host}.straggler").read_text())
+        assert not _alive(straggler), f"the straggler of {host} is still running"
+        assert not Path(f"/tmp/dsray-{cluster.job_id}-{index}").exists()
+
+
+def _alive(pid: int, wait: float = 5.0) -> bool:
+    """Whether ``pid`` still runs (a zombie does not count) after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.05)
+    return True

@@ -112,6 +112,8 @@ class FakeCluster:
     """Per job id: when its step server saw its Ray head stop (``jobs/<id>/ray_stopped``)."""
     signals: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     """``signal_batch`` calls: job id, signal, the session document when it was sent."""
+    step_signals: list[tuple[str, str]] = field(default_factory=list)
+    """``signal_steps`` calls that reached a job: job id, signal."""
     on_signal: Callable[[FakeJob, str], None] | None = None
     accounting_answers: bool = True
     """False: sacct knows nothing (it lags, or accounting is off)."""
@@ -257,6 +259,16 @@ class FakeCluster:
             if (job.job_id in job_ids or job.name == job_name) and job.state.active:
                 job.state = JobState.CANCELLED
                 self.cancelled.append(job.job_id)
+
+    def signal_steps(self, job_id: str, signal: str) -> bool:
+        self._count("signal_steps")
+        if not self.queue_answers:
+            raise SchedulerError("scancel: the controller does not answer")
+        job = self.jobs.get(job_id)
+        if job is None or not job.state.active:
+            return False
+        self.step_signals.append((job_id, signal))
+        return True
 
     def signal_batch(self, job_id: str, signal: str,
                      files: Mapping[str, tuple[str | bytes, int]] | None = None) -> bool:

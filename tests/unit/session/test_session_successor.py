@@ -284,6 +284,10 @@ class _Calls:
         self.calls: list[tuple[str, ...]] = []
         self.ended = ended
 
+    def signal_steps(self, job_id: str, signal: str) -> bool:
+        self.calls.append(("signal_steps", job_id, signal))
+        return not self.ended
+
     def signal_batch(self, job_id: str, signal: str, files: Any = None) -> bool:
         self.calls.append(("signal_batch", job_id, signal))
         return not self.ended
@@ -292,21 +296,29 @@ class _Calls:
         self.calls.append(("cancel", *job_ids))
 
 
-@pytest.mark.parametrize("ended", [False, True])
-def test_releasing_with_drain_signal_term_makes_the_batch_shell_leave_first(ended: bool) -> None:
-    """TERM would be taken as a drain (the allocation stays until KillWait): HUP first makes
-    its step server leave, then the cancel; a job that ended meanwhile is still cancelled."""
-    io = _Calls(ended)
+def test_releasing_with_drain_signal_term_ends_the_ray_steps_then_the_batch_shell() -> None:
+    """HUP to the steps ends Ray's processes at once (TERM would stop them one by one); TERM
+    would be taken as a drain by the batch shell (it would stay until KillWait): HUP makes
+    its step server leave, then the cancel."""
+    io = _Calls()
     release_allocation(SimpleNamespace(drain_signal="TERM", io=io), "41")  # type: ignore[arg-type]
-    assert io.calls == [("signal_batch", "41", "HUP"), ("cancel", "41")]
+    assert io.calls == [("signal_steps", "41", "HUP"), ("signal_batch", "41", "HUP"),
+                        ("cancel", "41")]
+
+
+def test_releasing_an_allocation_that_ended_meanwhile_still_cancels_it() -> None:
+    io = _Calls(ended=True)
+    release_allocation(SimpleNamespace(drain_signal="TERM", io=io), "41")  # type: ignore[arg-type]
+    assert io.calls == [("signal_steps", "41", "HUP"), ("cancel", "41")]
 
 
 @pytest.mark.parametrize("drain", ["USR1", "HUP", "INT"])
 def test_releasing_with_another_drain_signal_is_a_plain_cancel(drain: str) -> None:
-    """scancel's TERM then is not the drain signal: the allocation leaves on it."""
+    """scancel's TERM then is not the drain signal: the batch shell leaves on it (its Ray
+    steps get HUP first all the same)."""
     io = _Calls()
     release_allocation(SimpleNamespace(drain_signal=drain, io=io), "41")  # type: ignore[arg-type]
-    assert io.calls == [("cancel", "41")]
+    assert io.calls == [("signal_steps", "41", "HUP"), ("cancel", "41")]
 
 
 def test_after_the_release_the_successors_start_is_seen_from_its_output_file() -> None:

@@ -150,6 +150,11 @@ class SessionIO(Protocol):
         trip; the signal is sent only once the files are written). False when scancel says
         the job is no longer there (it ended); raises SchedulerError when it failed."""
 
+    def signal_steps(self, job_id: str, signal: str) -> bool:
+        """``scancel --signal=<signal> <job id>``: every process of the job's steps (not its
+        batch shell). False when scancel says the job is no longer there (it ended); raises
+        SchedulerError when it failed."""
+
     def accounting(self, job_ids: Sequence[str]) -> Mapping[str, SacctRecord]:
         """sacct for the jobs, by job id (empty when sacct failed or knows none of them)."""
 
@@ -283,15 +288,20 @@ class AgentSessionIO:
                                   requires=written)
         for item in written:
             item.result()
-        result = signalled.result()
-        scheduler.stats.count("scancel")
+        return self._signalled(signalled.result(), f"scancel --batch --signal={signal} {job_id}")
+
+    def signal_steps(self, job_id: str, signal: str) -> bool:
+        result = self.scheduler.agent.run(exec_op(scancel_argv([job_id], signal=signal), timeout=60))
+        return self._signalled(result, f"scancel --signal={signal} {job_id}")
+
+    def _signalled(self, result: Any, command: str) -> bool:
+        self.scheduler.stats.count("scancel")
         if result.rc == 0:
             return True
         message = (result.stderr or result.stdout).strip()
         if job_gone(message):
             return False
-        raise SchedulerError(f"scancel --batch --signal={signal} {job_id} failed: "
-                             f"{message or f'exit code {result.rc}'}")
+        raise SchedulerError(f"{command} failed: {message or f'exit code {result.rc}'}")
 
     def accounting(self, job_ids: Sequence[str]) -> Mapping[str, SacctRecord]:
         return self.scheduler.accounting(list(job_ids))

@@ -101,14 +101,20 @@ def _watch_start(session: SessionContext, job_id: str, seconds: float) -> None:
 
 def release_allocation(session: SessionContext, job_id: str) -> None:
     """Cancel allocation ``job_id``, which runs no payload step, so that it leaves its nodes
-    at once. A plain ``scancel`` sends TERM, which is the allocation's drain signal by
-    default: its batch shell and step server would take it as a drain and stay until
-    Slurm's KillWait (30 s on many sites) ends them with SIGKILL. So when the drain signal is
-    TERM, HUP goes to the batch shell first (``scancel --batch --signal=HUP``): the step
-    server leaves and the batch shell stops its Ray nodes and ends; the ``scancel`` that
-    follows makes the job CANCELLED and signals whatever is left."""
-    if session.drain_signal == "TERM":
-        session.io.signal_batch(job_id, "HUP")  # False: it ended already
+    at once.
+
+    First HUP goes to its steps (``scancel --signal=HUP``), which are its Ray nodes: Ray's
+    processes end at once (HUP's default action; on TERM a Ray node stops its processes one
+    after the other, about 3 s for a head), and each node's shell then removes its Ray
+    temp dir and ends. A plain ``scancel`` sends TERM, which is also the allocation's drain
+    signal by default: its batch shell and step server would take it as a drain and stay
+    until Slurm's KillWait (30 s on many sites) ends them with SIGKILL. So when the drain
+    signal is TERM, HUP goes to the batch shell next (``scancel --batch --signal=HUP``): the
+    step server leaves and the batch shell ends. The ``scancel`` that follows makes the job
+    CANCELLED and signals whatever is left."""
+    if session.io.signal_steps(job_id, "HUP"):  # False: it ended already
+        if session.drain_signal == "TERM":
+            session.io.signal_batch(job_id, "HUP")
     session.io.cancel([job_id])
 
 

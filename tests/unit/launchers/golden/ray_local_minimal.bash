@@ -601,6 +601,7 @@ __ds_ray_extra_args=()
 
 __ds_ray_node_label=""
 __ds_ray_node_pid=""
+__ds_ray_node_group=""
 __ds_ray_node_stopped=""
 
 __ds_ray_node_log() {
@@ -726,6 +727,25 @@ __ds_ray_node_on_signal() {
     [ -z "$__ds_ray_node_pid" ] || kill -s "$2" "$__ds_ray_node_pid" 2>/dev/null
 }
 
+# Once 'ray start' has ended: SIGKILL to whatever is left of its process group (every Ray
+# process of the node is in it; a process that outlived its 'ray start', or one that a HUP
+# did not end, would keep writing to the temp dir), then remove the temp dir $1 when this
+# node created it ($2 non-empty). A process killed an instant ago may still be closing
+# its files, so a removal that fails is tried again for up to a second.
+__ds_ray_node_cleanup() {
+    local tries=0
+    [ -z "$__ds_ray_node_group" ] || kill -KILL -- "-$__ds_ray_node_group" 2>/dev/null
+    [ -n "$2" ] || return 0
+    until rm -rf -- "$1" 2>/dev/null; do
+        tries=$((tries + 1))
+        if [ "$tries" -ge 10 ]; then
+            __ds_ray_node_log "cannot remove the Ray temp dir $1"
+            return 0
+        fi
+        sleep 0.1 2>/dev/null || sleep 1
+    done
+}
+
 # Start Ray on this node and stay until it ends. Arguments: role (head|worker), node
 # index, job id, head address and GCS port (workers only).
 __ds_ray_node_main() {
@@ -822,7 +842,14 @@ __ds_ray_node_main() {
     # here keeps the allocation's nodes from the next job (Slurm's KillWait ends it with
     # SIGKILL anyway), so Ray stops at once unless the variable is set.
     export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
-    PYTHONUNBUFFERED=1 "${args[@]}" 2>&1 &
+    # In a process group of its own (setsid replaces itself with 'ray start', whose pid is
+    # then the group's id), which every process Ray starts on this node stays in.
+    if command -v setsid > /dev/null 2>&1; then
+        PYTHONUNBUFFERED=1 setsid "${args[@]}" 2>&1 &
+        __ds_ray_node_group=$!
+    else
+        PYTHONUNBUFFERED=1 "${args[@]}" 2>&1 &
+    fi
     __ds_ray_node_pid=$!
     printf '%s node=%s state=launched pid=%s\n' "$__ds_ray_marker" "$index" "$__ds_ray_node_pid"
     [ -z "$__ds_ray_node_stopped" ] || kill -s TERM "$__ds_ray_node_pid"
@@ -839,7 +866,7 @@ __ds_ray_node_main() {
         [ "$__ds_ray_node_stopped" != WINCH ] || __ds_ray_node_dump_logs "$temp_dir"
         status=0
     fi
-    [ -z "$own_temp" ] || rm -rf -- "$temp_dir"
+    __ds_ray_node_cleanup "$temp_dir" "$own_temp"
     return "$status"
 }
 
@@ -1194,11 +1221,11 @@ $(declare -p __ds_ray_marker __ds_ray_mode __ds_ray_num_cpus __ds_ray_num_gpus \
     __ds_ray_object_store_memory __ds_ray_include_dashboard __ds_ray_dashboard_host \
     __ds_ray_temp_dir __ds_ray_temp_dir_max __ds_ray_interface __ds_ray_ip_command \
     __ds_ray_pre_start __ds_ray_extra_args __ds_ray_node_label __ds_ray_node_pid \
-    __ds_ray_node_stopped __ds_ray_strategy __ds_ray_range_start __ds_ray_range_end \
+    __ds_ray_node_group __ds_ray_node_stopped __ds_ray_strategy __ds_ray_range_start __ds_ray_range_end \
     __ds_ray_block_size __ds_ray_lock_dir __ds_ray_ray_port __ds_ray_dashboard_port \
     __ds_ray_offsets __ds_ray_port_base)
 $(declare -f __ds_ray_node_log __ds_ray_is_ip __ds_ray_node_ip __ds_ray_node_cpus \
-    __ds_ray_node_object_store __ds_ray_node_dump_logs \
+    __ds_ray_node_object_store __ds_ray_node_dump_logs __ds_ray_node_cleanup \
     __ds_ray_node_on_signal __ds_ray_node_main __ds_ray_block_count __ds_ray_fnv1a \
     __ds_ray_hash_base __ds_ray_listening_ports __ds_ray_block_in_use __ds_ray_lock_block \
     __ds_ray_pick_random_block __ds_ray_choose_block __ds_ray_port)
