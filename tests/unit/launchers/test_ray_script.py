@@ -409,3 +409,14 @@ def _alive(pid: int, wait: float = 5.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def test_a_ray_function_of_the_pre_start_commands_is_what_starts_ray(cluster: StubCluster) -> None:
+    """A site's wrapper defined as a shell function named ray is run (a function cannot be
+    run in a process group of its own by setsid; that node then goes without one)."""
+    wrapper = 'ray() { echo "ray wrapper of $(hostname)"; exec ray "$@"; }'
+    script = cluster.write(cluster.launcher(pre_start_commands=[wrapper]), cluster.plan(ENV_PAYLOAD))
+    result = cluster.run(script)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert "ray wrapper of c1" in output and "ray wrapper of c2" in output

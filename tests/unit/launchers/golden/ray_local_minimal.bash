@@ -843,8 +843,10 @@ __ds_ray_node_main() {
     # SIGKILL anyway), so Ray stops at once unless the variable is set.
     export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
     # In a process group of its own (setsid replaces itself with 'ray start', whose pid is
-    # then the group's id), which every process Ray starts on this node stays in.
-    if command -v setsid > /dev/null 2>&1; then
+    # then the group's id), which every process Ray starts on this node stays in; unless
+    # 'ray' is a shell function or alias of the pre-start commands, which only this shell
+    # can run.
+    if [ "$(type -t ray)" = file ] && command -v setsid > /dev/null 2>&1; then
         PYTHONUNBUFFERED=1 setsid "${args[@]}" 2>&1 &
         __ds_ray_node_group=$!
     else
