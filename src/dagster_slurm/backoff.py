@@ -92,3 +92,7 @@ class StatusPace:
         """Record a poll at ``now`` that asked squeue; returns when the next one is due."""
         self._next = now + self.backoff.observe(changed)
         return self._next
+
+    def until_due(self, now: float) -> float:
+        """Seconds from ``now`` until the next poll that asks squeue is due (0 when it is)."""
+        return max(0.0, self._next - now)

@@ -348,9 +348,9 @@ $(declare -p __ds_ray_marker __ds_ray_mode __ds_ray_num_cpus __ds_ray_num_gpus \
     __ds_ray_object_store_memory __ds_ray_include_dashboard __ds_ray_dashboard_host \
     __ds_ray_temp_dir __ds_ray_temp_dir_max __ds_ray_interface __ds_ray_ip_command \
     __ds_ray_pre_start __ds_ray_extra_args __ds_ray_node_label __ds_ray_node_pid \
-    __ds_ray_node_group __ds_ray_node_stopped __ds_ray_strategy __ds_ray_range_start __ds_ray_range_end \
-    __ds_ray_block_size __ds_ray_lock_dir __ds_ray_ray_port __ds_ray_dashboard_port \
-    __ds_ray_offsets __ds_ray_port_base)
+    __ds_ray_node_group __ds_ray_node_stopped __ds_ray_strategy __ds_ray_range_start \
+    __ds_ray_range_end __ds_ray_block_size __ds_ray_lock_dir __ds_ray_ray_port \
+    __ds_ray_dashboard_port __ds_ray_offsets __ds_ray_port_base)
 $(declare -f __ds_ray_node_log __ds_ray_is_ip __ds_ray_node_ip __ds_ray_node_cpus \
     __ds_ray_node_object_store __ds_ray_node_dump_logs __ds_ray_node_cleanup \
     __ds_ray_node_on_signal __ds_ray_node_main __ds_ray_block_count __ds_ray_fnv1a \

@@ -254,7 +254,7 @@ __ds_ray_node_main() {
         "$__ds_ray_marker" "$index" "$address" "$gcs" "$dashboard" "$base" \
         "${SLURM_JOB_ID:-}.${SLURM_STEP_ID:-}"
     if [ -n "$__ds_ray_node_stopped" ]; then
-        [ -z "$own_temp" ] || rm -rf -- "$temp_dir"
+        __ds_ray_node_cleanup "$temp_dir" "$own_temp"
         return 0
     fi
     unset RAY_ADDRESS

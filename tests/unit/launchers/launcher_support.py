@@ -119,6 +119,17 @@ def start_script(script: Path, *, env: Mapping[str, str] | None = None) -> subpr
     )
 
 
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited: a zombie (exited, its parent has not
+    reaped it yet, as when the stub srun that started it was stopped first, or when it was
+    orphaned) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
 def wait_for_file(path: Path, timeout: float = RUN_TIMEOUT) -> str:
     """The content of ``path`` once it exists."""
     deadline = time.monotonic() + timeout

@@ -73,7 +73,7 @@ if host in os.environ.get("STUB_RAY_STRAGGLER", "").split():
             except OSError:
                 pass
             time.sleep(0.02)
-    with open(os.path.join(log, "ray." + host + ".straggler"), "w") as f:
+    with open(os.path.join(log, "straggler." + host + ".pid"), "w") as f:
         f.write(str(child))
 def stop(signum, frame):
     open(os.path.join(log, "ray." + host + ".stopped"), "w").close()

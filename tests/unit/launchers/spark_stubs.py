@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher_support import process_running
+
 from dagster_slurm.launchers.base import ExecutionPlan
 from dagster_slurm.launchers.spark import SparkLauncher
 
@@ -156,19 +158,9 @@ class SparkStubRun:
             import json
 
             pid = json.loads(path.read_text())["pid"]
-            if _running(pid):
+            if process_running(pid):
                 pids.append(pid)
         return pids
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not exited: a zombie (exited, its parent has not
-    reaped it yet, as when the stub srun that started it was stopped first) is not."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _write(path: Path, text: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from launcher_support import process_running
 from ray_stubs import ENV_PAYLOAD, URG, WINCH, StubCluster, kill_stub_processes, options
 
 from dagster_slurm.launchers.base import ExecutionPlan
@@ -392,23 +393,17 @@ def test_a_ray_process_that_outlives_ray_start_is_killed_and_the_temp_dir_remove
     result = cluster.run(script, STUB_RAY_STRAGGLER="c1 c2")
     assert result.returncode == 0, result.stderr
     for host, index in (("c1", 0), ("c2", 1)):
-        straggler = int((cluster.log / f"ray.{host}.straggler").read_text())
-        assert not _alive(straggler), f"the straggler of {host} is still running"
+        straggler = int((cluster.log / f"straggler.{host}.pid").read_text())
+        assert not _running_after(straggler), f"the straggler of {host} is still running"
         assert not Path(f"/tmp/dsray-{cluster.job_id}-{index}").exists()
 
 
-def _alive(pid: int, wait: float = 5.0) -> bool:
-    """Whether ``pid`` still runs (a zombie does not count) after up to ``wait`` seconds."""
+def _running_after(pid: int, wait: float = 5.0) -> bool:
+    """Whether ``pid`` still runs after up to ``wait`` seconds."""
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return False
-        except OSError:
-            return False
+    while process_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return True
+    return process_running(pid)
 
 
 def test_a_ray_function_of_the_pre_start_commands_is_what_starts_ray(cluster: StubCluster) -> None:

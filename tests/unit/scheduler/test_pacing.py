@@ -46,5 +46,6 @@ def test_status_pace_asks_the_scheduler_at_the_backoffs_pace_only():
     assert pace.due(0.0)  # the first poll asks
     assert pace.asked(0.0) == 2.0  # no change: the interval grows
     assert not pace.due(0.2) and not pace.due(1.9) and pace.due(2.0)
+    assert pace.until_due(0.5) == 1.5 and pace.until_due(2.5) == 0.0
     assert pace.asked(2.0) == 6.0  # capped at 4 s
     assert pace.asked(6.0, changed=True) == 7.0  # a change starts again at 1 s

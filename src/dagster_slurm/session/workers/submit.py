@@ -200,7 +200,7 @@ def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAlloca
     pace = StatusPace(PollBackoff(initial=1.0, maximum=10.0, factor=1.5))
     deadline = None if timeout is None else session.clock() + timeout
     said, seen = "", ""
-    running, next_status = False, session.clock()
+    running = False
     while True:
         with_status = not running or pace.due(session.clock())
         polled = session.io.poll_files(session.job_name, job_id, files, with_status=with_status)
@@ -226,9 +226,9 @@ def wait_for_worker_allocation(session: SessionContext, allocation: WorkerAlloca
         progress = f"{said}|{word}|{len(nodes)}"
         if with_status:
             # the job started, or its nodes moved on (written, joining): look again soon
-            next_status = pace.asked(session.clock(), progress != seen)
+            pace.asked(session.clock(), progress != seen)
         seen = progress
-        delay = JOIN_POLL_INTERVAL if running else max(0.0, next_status - session.clock())
+        delay = JOIN_POLL_INTERVAL if running else pace.until_due(session.clock())
         if deadline is not None:
             delay = min(delay, max(0.0, deadline - session.clock()))
         session.pause(delay, f"worker allocation {job_id}")
