@@ -15,6 +15,7 @@ from dagster_slurm import SlurmQueueConfig, SlurmResource
 from dagster_slurm.agent.ops import exec_op
 from dagster_slurm.agent.results import ExecResult
 from dagster_slurm.compute.resource import ComputeResource
+from dagster_slurm.devcluster import NODES, DevCluster
 from dagster_slurm.devcluster.info import slurm_command
 from dagster_slurm.environment import EnvironmentConfig, prepare_environment
 from dagster_slurm.launchers.ray import RayLauncher
@@ -145,6 +146,23 @@ def logged(instance: dg.DagsterInstance, text: str) -> bool:
     """Whether any run of ``instance`` has logged a message containing ``text`` so far."""
     return any(text in (entry.user_message or "")
                for run in instance.get_runs() for entry in instance.all_logs(run.run_id))
+
+
+def ray_processes_of(job_id: str) -> list[str]:
+    """The command lines of the processes of job ``job_id``'s Ray nodes still running on this
+    host (every dev-cluster node)."""
+    out = subprocess.run(
+        ["pgrep", "-af", f"dsray-{job_id}-"], capture_output=True, text=True, check=False
+    ).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def ray_temp_dirs_of(job_id: str) -> list[str]:
+    """``node:dir`` of each Ray temp dir of job ``job_id`` left on a dev-cluster node (each
+    node has its own /tmp)."""
+    info = DevCluster().info()
+    return [f"{node.name}:{path.name}" for node in NODES
+            for path in info.node_tmp(node.name).glob(f"dsray-{job_id}-*")]
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):  # noqa: ANN001, ANN201

@@ -20,13 +20,14 @@ from compute_support import (
     materialize_one,
     metadata_of,
     ray_compute,
+    ray_processes_of,
+    ray_temp_dirs_of,
     run_logs,
     squeue_names,
     step_failure,
     write_payload,
 )
 
-from dagster_slurm.devcluster import NODES, DevCluster
 from dagster_slurm.launchers.ray import RayLauncher
 from dagster_slurm.launchers.ray_ports import RayPortConfig, hash_block_index
 
@@ -92,13 +93,6 @@ def env(slurm_cluster) -> dict[str, str]:
     return slurm_cluster.env()
 
 
-def ray_processes_of(job_id: str) -> list[str]:
-    out = subprocess.run(
-        ["pgrep", "-af", f"dsray-{job_id}-"], capture_output=True, text=True, check=False
-    ).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
-
-
 def assert_cleaned_up(env: dict[str, str], job_id: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -107,11 +101,7 @@ def assert_cleaned_up(env: dict[str, str], job_id: str) -> None:
         time.sleep(0.5)
     assert squeue_names(env) == []
     assert ray_processes_of(job_id) == []
-    info = DevCluster().info()
-    for node in NODES:  # each node has its own /tmp
-        assert not any(info.node_tmp(node.name).glob(f"dsray-{job_id}-*")), (
-            f"temp dirs left behind on {node.name}"
-        )
+    assert ray_temp_dirs_of(job_id) == [], "temp dirs left behind"
 
 
 def test_two_node_cpu_cluster(env, tmp_path, capfd):

@@ -9,6 +9,7 @@ import time
 
 import dagster as dg
 import pytest
+from compute_support import ray_processes_of, ray_temp_dirs_of, wait_until
 from session_support import RAY_SESSION_PAYLOAD, session_compute
 
 from dagster_slurm import ComputeResource
@@ -53,3 +54,10 @@ def test_promoted_successor_runs_the_payload_on_its_own_ray_cluster(env, tmp_pat
     assert meta["slurm_job_id"] == seen["successor"] != seen["first"]
     assert meta["ray_address"] == seen["ray"] and meta["total"] == 14
     assert tags["dagster-slurm/allocation"] == seen["successor"]
+    # the promotion released the first allocation: its Ray nodes ended on the HUP to its
+    # steps, and each node's shell removed its temp dir, with nothing of the node left to
+    # write into it
+    first = seen["first"]
+    wait_until(lambda: not ray_processes_of(first) and not ray_temp_dirs_of(first), 30,
+               f"the Ray nodes of the released allocation {first} to be gone")
+    assert ray_temp_dirs_of(first) == []
